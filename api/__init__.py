@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI) that accepts the same jobs as the CLI."""

@@ -1,0 +1,31 @@
+"""The ``genjob`` command line: parses, calls the library, prints. Every docstring is its help."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from genjob import __version__
+from genjob.cli import admin, jobs
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="genjob")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+def main(verbose: int) -> None:
+    """genjob: batch LLM generation made fast with assisted generation.
+
+    Submit a JSONL file of prompts, let workers run them with a draft model
+    proposing tokens for the target to verify, then read the results and the
+    measured speedup. With no GENJOB_BROKER_URL set, everything runs in this
+    process on ./genjob.db (the embedded mode).
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+for command in (*jobs.COMMANDS, *admin.COMMANDS):
+    main.add_command(command)

@@ -1,0 +1,253 @@
+"""Job commands: submit, jobs, status, results, stats, cancel, requeue."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import click
+from pydantic import ValidationError
+
+from genjob import crud
+from genjob.cli.output import JOBS_HEADER, job_row, job_stats_lines, job_summary_lines
+from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode, DraftSchedule, JobStatus
+from genjob.db import SchemaError, session_scope
+from genjob.dispatch import BrokerUnavailable, enqueue_job, prepare_database, store_job
+from genjob.export import ResultFormat, iter_result_records, render
+from genjob.inputs import InputFileError
+from genjob.jobspec import JobSpec
+from genjob.models import Job
+from genjob.settings import Settings, get_settings
+
+POLL_SECONDS = 0.5
+
+
+def settings_and_schema() -> Settings:
+    settings = get_settings()
+    try:
+        prepare_database(settings)
+    except SchemaError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return settings
+
+
+def load_job(settings: Settings, job_id: str) -> Job:
+    with session_scope(settings.database_url) as session:
+        try:
+            return crud.get_job(session, job_id=job_id)
+        except crud.JobNotFound as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def wait_for_job(settings: Settings, job_id: str, *, worker: threading.Thread | None = None) -> Job:
+    """Follow a job with a progress bar (stderr) until it ends."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        job = load_job(settings, job_id)
+        task = progress.add_task(job.status, total=job.total, failed=0)
+        while True:
+            job = load_job(settings, job_id)
+            finished = job.done + job.failed
+            progress.update(task, completed=finished, description=job.status, failed=job.failed)
+            if job.status in TERMINAL_JOB_STATUSES and (worker is None or not worker.is_alive()):
+                return job
+            if worker is not None and not worker.is_alive() and job.status not in TERMINAL_JOB_STATUSES:
+                return job
+            time.sleep(POLL_SECONDS)
+
+
+class _ChunkRunner(threading.Thread):
+    """Embedded mode: run the job's chunks in this process while the main thread shows progress."""
+
+    def __init__(self, settings: Settings, job_id: str, chunk_size: int) -> None:
+        super().__init__(name=f"genjob-{job_id}", daemon=True)
+        self.settings, self.job_id, self.chunk_size = settings, job_id, chunk_size
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            enqueue_job(self.settings, job_id=self.job_id, chunk_size=self.chunk_size)
+        except BaseException as exc:
+            self.error = exc
+
+
+@click.command()
+@click.argument("prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-m", "--model", required=True, help="Target model: hub id or local path.")
+@click.option("-a", "--assistant", help="Draft model (hub id or path) sharing the target's tokenizer.")
+@click.option(
+    "--mode",
+    type=click.Choice([m.value for m in DecodingMode]),
+    help="draft (default with --assistant), prompt-lookup, or none (plain decoding).",
+)
+@click.option("--max-new-tokens", type=int, help="New tokens per item unless the line says otherwise.")
+@click.option("--draft-tokens", type=int, default=5, show_default=True, help="γ: draft tokens per round.")
+@click.option(
+    "--schedule",
+    type=click.Choice([s.value for s in DraftSchedule]),
+    default=DraftSchedule.HEURISTIC.value,
+    show_default=True,
+    help="How γ adapts to the hit rate (heuristic carries across the job's items).",
+)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass.")
+@click.option("--seed", type=int, help="Seed for sampling; seeded runs repeat exactly.")
+@click.option(
+    "--baseline-fraction",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="Share of items also decoded plainly to measure the speedup.",
+)
+@click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
+@click.option("--name", help="A name to find the job by.")
+@click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
+def submit(prompts: Path, wait: bool, name: str | None, chunk_size: int | None, **options) -> None:
+    """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
+
+    The whole file is validated first; a bad line fails the submit with
+    FILE:LINE: reason and nothing is stored. Prints the job id.
+    """
+    settings = settings_and_schema()
+    if options["mode"] is None:
+        options["mode"] = DecodingMode.DRAFT if options["assistant"] else DecodingMode.NONE
+    options["max_new_tokens"] = options["max_new_tokens"] or settings.max_new_tokens
+    try:
+        spec = JobSpec(**options)
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+        raise click.ClickException(f"invalid job options: {problems}") from exc
+    try:
+        submitted = store_job(settings, path=prompts, spec=spec, name=name)
+    except InputFileError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(submitted.job_id)
+    chunk_size = chunk_size or settings.chunk_size
+    if settings.embedded:
+        runner = _ChunkRunner(settings, submitted.job_id, chunk_size)
+        runner.start()
+        job = wait_for_job(settings, submitted.job_id, worker=runner) if wait else None
+        runner.join()
+        if runner.error is not None:
+            raise click.ClickException(f"job {submitted.job_id} crashed: {runner.error}")
+    else:
+        try:
+            enqueue_job(settings, job_id=submitted.job_id, chunk_size=chunk_size)
+        except BrokerUnavailable as exc:
+            hint = f"once the broker is back: genjob requeue {submitted.job_id}"
+            raise click.ClickException(f"{exc}; {hint}") from exc
+        job = wait_for_job(settings, submitted.job_id) if wait else None
+    if wait:
+        job = load_job(settings, submitted.job_id)
+        click.echo(f"{job.status}: {job.done} done, {job.failed} failed of {job.total}", err=True)
+        if job.status != JobStatus.COMPLETED:
+            raise SystemExit(1)
+
+
+@click.command("jobs")
+@click.option("--status", type=click.Choice([s.value for s in JobStatus]), help="Only jobs in this state.")
+@click.option("-n", "--limit", type=click.IntRange(min=1), default=20, show_default=True)
+def list_jobs(status: str | None, limit: int) -> None:
+    """List jobs, newest first."""
+    settings = settings_and_schema()
+    with session_scope(settings.database_url) as session:
+        rows = crud.list_jobs(session, status=status, limit=limit)
+        click.echo(JOBS_HEADER)
+        for job in rows:
+            click.echo(job_row(job))
+
+
+@click.command()
+@click.argument("job_id")
+def status(job_id: str) -> None:
+    """Show a job's state, item counts and timestamps."""
+    job = load_job(settings_and_schema(), job_id)
+    click.echo("\n".join(job_summary_lines(job)))
+
+
+@click.command()
+@click.argument("job_id")
+def stats(job_id: str) -> None:
+    """Show a job's acceptance rate, accepted tokens per round, tokens/s and speedup."""
+    job = load_job(settings_and_schema(), job_id)
+    click.echo("\n".join(job_stats_lines(job)))
+
+
+@click.command()
+@click.argument("job_id")
+@click.option(
+    "--format", "fmt", type=click.Choice([f.value for f in ResultFormat]), default="jsonl", show_default=True
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout."
+)
+def results(job_id: str, fmt: str, output: Path | None) -> None:
+    """Export a job's results in input order (one record per item, with its custom id).
+
+    With -o the file appears only once complete (written aside, then renamed).
+    """
+    settings = settings_and_schema()
+    job = load_job(settings, job_id)
+    with session_scope(settings.database_url) as session:
+        chunks = render(iter_result_records(session, job_id=job.id), ResultFormat(fmt))
+        if output is None:
+            for chunk in chunks:
+                click.echo(chunk, nl=False)
+            return
+        handle, temp = tempfile.mkstemp(dir=output.parent or ".", prefix=f".{output.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+                stream.writelines(chunks)
+            os.replace(temp, output)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+    click.echo(f"wrote {job.total} records to {output}", err=True)
+
+
+@click.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a job: no new items start; the item in flight finishes and is kept."""
+    settings = settings_and_schema()
+    job = load_job(settings, job_id)
+    with session_scope(settings.database_url) as session:
+        job = crud.get_job(session, job_id=job.id)
+        if not crud.cancel_job(session, job=job):
+            raise click.ClickException(f"job {job.id} already ended ({job.status})")
+    click.echo(f"cancelled {job.id}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
+def requeue(job_id: str, chunk_size: int | None) -> None:
+    """Queue a job's pending items again (after the broker was down, say).
+
+    Safe to repeat: workers skip items that are already finished.
+    """
+    settings = settings_and_schema()
+    job = load_job(settings, job_id)
+    if job.status in TERMINAL_JOB_STATUSES:
+        raise click.ClickException(f"job {job.id} already ended ({job.status})")
+    try:
+        chunks = enqueue_job(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
+    except BrokerUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"queued {chunks} chunks of job {job.id}")
+
+
+COMMANDS = (submit, list_jobs, status, stats, results, cancel, requeue)

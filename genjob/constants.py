@@ -1,0 +1,50 @@
+"""Names shared by the CLI, the API and the workers: queues, task names, statuses.
+
+One place, so that a producer and a consumer can never disagree on a string.
+"""
+
+from enum import StrEnum
+
+DEFAULT_QUEUE = "gpu"
+
+# Celery task names (readable in Flower).
+TASK_GENERATE_CHUNK = "genjob.generate_chunk"
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+TERMINAL_JOB_STATUSES = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
+)
+
+
+class ItemStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+OPEN_ITEM_STATUSES = frozenset({ItemStatus.PENDING, ItemStatus.RUNNING})
+
+
+class DecodingMode(StrEnum):
+    """How the worker decodes: with a draft model, with n-gram prompt lookup, or plainly."""
+
+    DRAFT = "draft"
+    PROMPT_LOOKUP = "prompt-lookup"
+    NONE = "none"
+
+
+class DraftSchedule(StrEnum):
+    CONSTANT = "constant"
+    HEURISTIC = "heuristic"

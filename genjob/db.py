@@ -1,0 +1,110 @@
+"""One SQLAlchemy engine per database URL, sessions, and Alembic upgrades.
+
+Embedded mode (SQLite) migrates itself on first use; Postgres is migrated with ``genjob db upgrade``
+(or the ``migrate`` service in compose) and a stale schema is reported, not silently changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+class SchemaError(RuntimeError):
+    """The database is not migrated to the code's schema."""
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+@lru_cache(maxsize=8)
+def _session_factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session in one transaction: committed on success, rolled back on any exception."""
+    session = _session_factory(url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    from alembic import command
+
+    command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with get_engine(url).connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def ensure_schema(url: str, *, auto_upgrade: bool) -> None:
+    """Check the schema is at head; upgrade it when ``auto_upgrade`` (embedded SQLite)."""
+    current = current_revision(url)
+    if current == head_revision():
+        return
+    if auto_upgrade:
+        upgrade(url)
+        return
+    where = (
+        "a blank database"
+        if current is None and not inspect(get_engine(url)).get_table_names()
+        else (f"revision {current}")
+    )
+    raise SchemaError(f"the database is at {where}, not {head_revision()}: run `genjob db upgrade`")

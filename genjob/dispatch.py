@@ -1,0 +1,101 @@
+"""Submit a prompt file as a job: validate it whole, store its items, push its chunks to the queue.
+
+Shared by the CLI and the HTTP API. Validation reads the file once (streamed) and the insert reads
+it again inside one transaction, so a bad file leaves the database untouched. Task messages carry
+only (job id, item ids). Without a broker (embedded mode) the chunks run in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from kombu.exceptions import OperationalError
+
+from genjob import crud
+from genjob.constants import TASK_GENERATE_CHUNK
+from genjob.db import ensure_schema, session_scope
+from genjob.inputs import InputLimits, iter_prompt_file, validate_prompt_file
+from genjob.jobspec import JobSpec
+from genjob.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
+
+
+class BrokerUnavailable(RuntimeError):
+    """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    items: int
+
+
+def input_limits(settings: Settings) -> InputLimits:
+    return InputLimits(
+        max_line_bytes=settings.max_line_bytes, max_new_tokens_limit=settings.max_new_tokens_limit
+    )
+
+
+def prepare_database(settings: Settings) -> None:
+    """Embedded SQLite migrates itself; any other database must already be at head."""
+    ensure_schema(settings.database_url, auto_upgrade=settings.database_url.startswith("sqlite"))
+
+
+def store_job(
+    settings: Settings,
+    *,
+    path: Path,
+    spec: JobSpec,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+) -> Submitted:
+    """Validate the whole file, then insert the job and its items in one transaction."""
+    limits = input_limits(settings)
+    count = validate_prompt_file(path, limits=limits)
+    with session_scope(settings.database_url) as session:
+        job = crud.create_job(
+            session,
+            spec=spec,
+            items=iter_prompt_file(path, limits=limits),
+            queue=settings.queue,
+            name=name,
+            expires_at=expires_at,
+        )
+        assert job.total == count
+        return Submitted(job_id=job.id, items=job.total)
+
+
+def enqueue_job(settings: Settings, *, job_id: str, chunk_size: int) -> int:
+    """Push the job's pending items as chunks; run them right here in embedded mode. Returns chunks."""
+    from worker.celery_app import create_app
+
+    app = create_app(settings)
+    with session_scope(settings.database_url) as session:
+        chunks = list(crud.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
+    if settings.embedded:
+        task = app.tasks[TASK_GENERATE_CHUNK]
+        for item_ids in chunks:
+            task.apply(args=(job_id, item_ids), throw=True)
+        return len(chunks)
+    try:
+        with app.producer_or_acquire() as producer:
+            for item_ids in chunks:
+                app.send_task(
+                    TASK_GENERATE_CHUNK,
+                    args=(job_id, item_ids),
+                    queue=settings.queue,
+                    producer=producer,
+                    retry=True,
+                    retry_policy=PUBLISH_RETRY_POLICY,
+                )
+    except OperationalError as exc:
+        raise BrokerUnavailable(
+            f"job {job_id} is stored but could not be queued on {settings.broker_url}: {exc}"
+        ) from exc
+    return len(chunks)

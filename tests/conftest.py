@@ -1,0 +1,98 @@
+"""Shared fixtures: real Postgres databases and Redis queues, tiny model pairs, clean settings.
+
+Every test session makes its own Postgres database and its own queue names, so parallel runs on
+one machine never see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from model_factory import save_pair
+from sqlalchemy import create_engine, text
+
+from genjob import db
+from genjob.settings import get_settings
+
+PG_ADMIN_URL = os.environ.get(
+    "GENJOB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("GENJOB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _pg_url(name: str) -> str:
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
+def create_pg_database(prefix: str = "genjob_test") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return _pg_url(name)
+
+
+def drop_pg_database(url: str) -> None:
+    db.get_engine(url).dispose()
+    db.get_engine.cache_clear()
+    name = url.rsplit("/", 1)[1]
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(autouse=True)
+def clean_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No GENJOB_* from the environment leaks into a test; settings are re-read per test."""
+    for key in list(os.environ):
+        if key.startswith("GENJOB_") and not key.startswith("GENJOB_TEST_"):
+            monkeypatch.delenv(key)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target, draft) directories: random untied GPT-2s sharing a small byte-level BPE tokenizer."""
+    return save_pair(tmp_path_factory.mktemp("tiny-pair"))
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh Postgres database migrated to head, for this test session."""
+    url = create_pg_database()
+    db.upgrade(url)
+    yield url
+    drop_pg_database(url)
+
+
+@pytest.fixture
+def queue_name() -> Iterator[str]:
+    """A queue of this test's own; whatever is left in it is deleted afterwards."""
+    import redis
+
+    name = f"gpu-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    redis.Redis.from_url(REDIS_URL).delete(name)
+
+
+@pytest.fixture
+def embedded_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Embedded mode on a fresh SQLite file; returns its URL."""
+    url = f"sqlite:///{tmp_path / 'genjob.db'}"
+    monkeypatch.setenv("GENJOB_DATABASE_URL", url)
+    monkeypatch.chdir(tmp_path)
+    get_settings.cache_clear()
+    return url
+
+
+def write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path

@@ -1,0 +1,118 @@
+"""The CLI in embedded mode (no broker, SQLite): exact output of every job command."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import write_jsonl
+
+from genjob.cli import main
+from genjob.db import session_scope
+from genjob.models import Job
+
+
+@pytest.fixture
+def finished_job(embedded_env: str, tiny_pair: tuple[Path, Path], tmp_path: Path) -> str:
+    target, draft = tiny_pair
+    write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            json.dumps({"prompt": "def foo(x):", "id": "first"}),
+            json.dumps({"prompt": "import os", "max_new_tokens": 3}),
+            json.dumps({"prompt": "class A:", "id": "third"}),
+        ],
+    )
+    result = CliRunner().invoke(
+        main,
+        ["submit", "p.jsonl", "-m", str(target), "-a", str(draft), "--max-new-tokens", "6", "--name", "t"],
+    )
+    assert result.exit_code == 0, result.output
+    return result.output.strip()
+
+
+def test_submit_prints_the_job_id_and_runs_it_in_process(finished_job: str, embedded_env: str) -> None:
+    assert len(finished_job) == 12
+    with session_scope(embedded_env) as session:
+        job = session.get(Job, finished_job)
+        assert (job.status, job.total, job.done, job.failed, job.name) == ("completed", 3, 3, 0, "t")
+
+
+def test_status(finished_job: str) -> None:
+    output = CliRunner().invoke(main, ["status", finished_job[:6]]).output.splitlines()
+    assert output[0] == f"job:       {finished_job}  (t)"
+    assert output[1:3] == ["status:    completed", "items:     3 total, 3 done, 0 failed"]
+    assert output[4].endswith("(mode draft)")
+
+
+def test_results_jsonl_in_input_order(finished_job: str) -> None:
+    result = CliRunner().invoke(main, ["results", finished_job])
+    records = [json.loads(line) for line in result.output.splitlines()]
+    assert [(r["id"], r["index"], r["line"], r["status"]) for r in records] == [
+        ("first", 0, 1, "done"),
+        (None, 1, 2, "done"),
+        ("third", 2, 3, "done"),
+    ]
+    assert [r["new_tokens"] for r in records] == [6, 3, 6]
+
+
+def test_results_csv_to_a_file(finished_job: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["results", finished_job, "--format", "csv", "-o", "out.csv"])
+    assert result.exit_code == 0
+    assert result.output == "wrote 3 records to out.csv\n"
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "out.csv").read_text())))
+    assert [row["id"] for row in rows] == ["first", "", "third"]
+    assert not list(tmp_path.glob(".out.csv.*"))
+
+
+def test_stats(finished_job: str) -> None:
+    lines = CliRunner().invoke(main, ["stats", finished_job]).output.splitlines()
+    assert lines[0] == f"job:                     {finished_job}  (completed, 3/3 done)"
+    assert lines[1] == "mode:                    draft"
+    assert lines[2] == "new tokens:              15"
+
+
+def test_jobs_lists_newest_first(finished_job: str) -> None:
+    lines = CliRunner().invoke(main, ["jobs"]).output.splitlines()
+    assert lines[0] == "id            status      done/total    created              name"
+    assert lines[1].startswith(f"{finished_job}  completed       3/3   ")
+    assert lines[1].endswith("  t")
+
+
+def test_cancel_an_ended_job_is_an_error(finished_job: str) -> None:
+    result = CliRunner().invoke(main, ["cancel", finished_job])
+    assert result.exit_code == 1
+    assert result.output == f"Error: job {finished_job} already ended (completed)\n"
+
+
+def test_unknown_job(embedded_env: str) -> None:
+    result = CliRunner().invoke(main, ["status", "nope"])
+    assert (result.exit_code, result.output) == (1, "Error: no job 'nope'\n")
+
+
+def test_unloadable_model_fails_the_job_with_its_error(embedded_env: str, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "x"})])
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", str(tmp_path / "missing"), "--wait"])
+    assert result.exit_code == 1
+    job_id = result.output.splitlines()[0]
+    with session_scope(embedded_env) as session:
+        job = session.get(Job, job_id)
+        assert job.status == "failed" and job.failed == 1
+        assert job.error.startswith(f"cannot load model '{tmp_path / 'missing'}'")
+
+
+def test_draft_mode_needs_an_assistant(embedded_env: str, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "x"})])
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--mode", "draft"])
+    assert result.output == "Error: invalid job options: mode 'draft' needs an assistant (draft) model\n"
+
+
+def test_every_command_has_help() -> None:
+    for name, command in main.commands.items():
+        result = CliRunner().invoke(main, [name, "--help"])
+        assert result.exit_code == 0, name
+        assert command.help, name

@@ -1,0 +1,130 @@
+"""The whole pipeline on real services: CLI submit → Postgres → Redis → a real `celery worker`
+subprocess → assisted generation → result tables → CLI results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REDIS_URL, write_jsonl
+
+from genjob.db import session_scope
+from genjob.models import Item, Job, Result
+from worker.engine import DecodeOptions, Engine
+from worker.loading import load_model, load_tokenizer
+
+pytestmark = pytest.mark.integration
+
+GENJOB = str(Path(sys.executable).with_name("genjob"))
+PROMPT_STEMS = ["def ", "import ", "class ", "return ", "for x in ", "if not ", "while ", "    self."]
+
+
+def service_env(pg_url: str, queue: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
+    env.update(
+        GENJOB_DATABASE_URL=pg_url,
+        GENJOB_BROKER_URL=REDIS_URL,
+        GENJOB_QUEUE=queue,
+        GENJOB_TORCH_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def worker_process(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[subprocess.Popen]:
+    log = (tmp_path / "worker.log").open("w")
+    process = subprocess.Popen(
+        [GENJOB, "worker", "-Q", queue_name, "-c", "1", "-n", f"{queue_name}@%h"],
+        env=service_env(pg_url, queue_name),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    yield process
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    log.close()
+
+
+def test_fifty_items_through_a_real_worker(
+    pg_url: str, queue_name: str, tiny_pair: tuple[Path, Path], tmp_path: Path, worker_process
+) -> None:
+    target, draft = tiny_pair
+    prompts = [f"{PROMPT_STEMS[i % len(PROMPT_STEMS)]}item_{i}" for i in range(50)]
+    lines = [
+        json.dumps({"prompt": p, "id": f"q{i:02d}", "max_new_tokens": 8 + i % 9})
+        for i, p in enumerate(prompts)
+    ]
+    path = write_jsonl(tmp_path / "prompts.jsonl", lines)
+    env = service_env(pg_url, queue_name)
+
+    submitted = subprocess.run(
+        [GENJOB, "submit", str(path), "-m", str(target), "-a", str(draft), "--chunk-size", "7", "--wait"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    assert "completed: 50 done, 0 failed of 50" in submitted.stderr
+
+    exported = subprocess.run(
+        [GENJOB, "results", job_id], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    records = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [r["id"] for r in records] == [f"q{i:02d}" for i in range(50)]
+    assert all(r["status"] == "done" for r in records)
+    assert all(r["target_rounds"] + r["draft_accepted"] == r["new_tokens"] for r in records)
+
+    with session_scope(pg_url) as session:
+        job = session.get(Job, job_id)
+        assert (job.status, job.total, job.done, job.failed) == ("completed", 50, 50, 0)
+        assert job.started_at is not None and job.finished_at >= job.started_at
+        rows = session.query(Result).filter_by(job_id=job_id).all()
+        assert len(rows) == 50
+        assert job.new_tokens == sum(r.new_tokens for r in rows)
+        assert job.draft_accepted == sum(r.draft_accepted for r in rows)
+        assert {r.worker for r in rows} == {f"{queue_name}@{os.uname().nodename}"}
+        assert session.query(Item).filter_by(job_id=job_id, attempts=1).count() == 50
+
+    # Lossless: every output is the target's own plain greedy output.
+    tokenizer = load_tokenizer(str(target))
+    engine = Engine(load_model(str(target)), mode="none")
+    for record, prompt in zip(records, prompts, strict=True):
+        plain = engine.generate(
+            tokenizer(prompt)["input_ids"], DecodeOptions(max_new_tokens=record["new_tokens"])
+        )
+        assert record["output"] == tokenizer.decode(plain.token_ids, skip_special_tokens=True), record["id"]
+
+
+def test_status_and_cancel_through_the_cli(pg_url: str, queue_name: str, tmp_path: Path) -> None:
+    """No worker listens: the job stays queued until cancelled; its items are cancelled too."""
+    env = service_env(pg_url, queue_name)
+    path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": f"p{i}"}) for i in range(3)])
+    submitted = subprocess.run(
+        [GENJOB, "submit", str(path), "-m", "some/model", "--mode", "none"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    job_id = submitted.stdout.strip()
+    cancel = subprocess.run([GENJOB, "cancel", job_id], env=env, capture_output=True, text=True, timeout=60)
+    assert cancel.stdout == f"cancelled {job_id}\n"
+    again = subprocess.run([GENJOB, "cancel", job_id], env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and again.stderr == f"Error: job {job_id} already ended (cancelled)\n"
+    with session_scope(pg_url) as session:
+        assert {i.status for i in session.query(Item).filter_by(job_id=job_id)} == {"cancelled"}

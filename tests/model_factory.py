@@ -1,0 +1,73 @@
+"""Tiny target/draft pairs with random weights, built on disk and loaded by path like real models.
+
+Untied embeddings: random GPT-2s with tied embeddings repeat their last token and agree almost
+always, which would hide every disagreement path in the engine.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import decoders as tk_decoders
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+EOS = "<|endoftext|>"
+
+
+def corpus_lines(limit_bytes: int = 200_000) -> list[str]:
+    """Real text available offline: a slice of the standard library's source."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = ""
+    for name in ("textwrap.py", "string.py", "fnmatch.py", "shlex.py", "bisect.py", "heapq.py"):
+        text += (stdlib / name).read_text(encoding="utf-8")
+        if len(text) > limit_bytes:
+            break
+    return text.splitlines()
+
+
+def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tk_decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=EOS
+    )
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, *, n_layer: int, n_embd: int, seed: int, tied: bool = False
+) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=512,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=max(1, n_embd // 32),
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=tied,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def save_pair(directory: Path, *, vocab_size: int = 384) -> tuple[Path, Path]:
+    """Write ``target/`` (2 layers, d=64) and ``draft/`` (1 layer, d=32) with a shared tokenizer."""
+    tokenizer = build_tokenizer(vocab_size)
+    paths = []
+    for name, layers, width, seed in (("target", 2, 64, 1), ("draft", 1, 32, 2)):
+        path = directory / name
+        build_model(tokenizer, n_layer=layers, n_embd=width, seed=seed).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths.append(path)
+    return paths[0], paths[1]

@@ -1,0 +1,46 @@
+"""The Celery app: built from Settings, with the options a GPU batch worker needs.
+
+``celery -A worker.celery_app worker`` (or ``genjob worker``) uses the module-level ``app``;
+producers and tests build their own with ``create_app(settings)``, no global is swapped.
+Without a broker the app is eager: tasks run in the calling process (the embedded mode).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from genjob.constants import TASK_GENERATE_CHUNK
+from genjob.settings import Settings, get_settings
+
+
+@lru_cache(maxsize=8)
+def create_app(settings: Settings) -> Celery:
+    app = Celery("genjob", broker=settings.broker_url or "memory://", set_as_current=False)
+    app.conf.update(
+        task_default_queue=settings.queue,
+        task_always_eager=settings.embedded,
+        task_eager_propagates=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        # A chunk is acknowledged only once done; a worker that dies mid-chunk gets it redelivered.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        task_routes={TASK_GENERATE_CHUNK: {"queue": settings.queue}},
+    )
+    app.genjob_settings = settings
+    from worker.tasks import register_tasks
+
+    register_tasks(app)
+    return app
+
+
+app = create_app(get_settings())

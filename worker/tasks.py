@@ -1,0 +1,34 @@
+"""Celery tasks. A message carries only (job id, item ids), never prompts: the database has them."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery, Task
+from celery.signals import worker_process_init
+
+from genjob.constants import TASK_GENERATE_CHUNK
+
+log = logging.getLogger(__name__)
+
+
+def register_tasks(app: Celery) -> None:
+    settings = app.genjob_settings
+
+    @worker_process_init.connect(weak=False)
+    def _limit_threads(**_kwargs) -> None:
+        if settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
+
+    # shared=False: a task of one app (its settings) must never be lent to another app.
+    @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False)
+    def generate_chunk(self: Task, job_id: str, item_ids: list[int]) -> dict:
+        """Generate the items ``item_ids`` of job ``job_id`` and store their results."""
+        from worker.processing import process_chunk, worker_name  # torch loads in the worker only
+
+        worker = self.request.hostname or worker_name()
+        outcome = process_chunk(settings=self.app.genjob_settings, job_id=job_id, item_ids=item_ids, worker=worker)
+        log.info("job %s chunk of %d: %s", job_id, len(item_ids), outcome)
+        return {"done": outcome.done, "failed": outcome.failed, "skipped": outcome.skipped}
