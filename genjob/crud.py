@@ -195,17 +195,51 @@ def finish_item(session: Session, *, item: Item, attempt_id: int, result: dict[s
     if not moved:
         return False
     _upsert(session, {"job_id": item.job_id, "item_id": item.id, **result})
-    session.execute(
-        update(Job)
-        .where(Job.id == item.job_id)
-        .values(
-            done=Job.done + 1,
-            new_tokens=Job.new_tokens + result["new_tokens"],
-            target_rounds=Job.target_rounds + result["target_rounds"],
-            draft_proposed=Job.draft_proposed + result["draft_proposed"],
-            draft_accepted=Job.draft_accepted + result["draft_accepted"],
-            generate_seconds=Job.generate_seconds + result["latency_s"],
+    sums = {
+        "done": Job.done + 1,
+        "new_tokens": Job.new_tokens + result["new_tokens"],
+        "target_rounds": Job.target_rounds + result["target_rounds"],
+        "draft_proposed": Job.draft_proposed + result["draft_proposed"],
+        "draft_accepted": Job.draft_accepted + result["draft_accepted"],
+        "generate_seconds": Job.generate_seconds + result["latency_s"],
+    }
+    if result.get("baseline_latency_s") is not None:
+        sums |= {
+            "baseline_items": Job.baseline_items + 1,
+            "baseline_seconds": Job.baseline_seconds + result["baseline_latency_s"],
+            "baseline_assisted_seconds": Job.baseline_assisted_seconds + result["latency_s"],
+            "baseline_matches": Job.baseline_matches + int(bool(result.get("baseline_match"))),
+        }
+    session.execute(update(Job).where(Job.id == item.job_id).values(**sums))
+    return True
+
+
+def record_cost_ratio(session: Session, *, job_id: str, cost_ratio: float | None) -> None:
+    """Keep the first measured c = draft forward / target forward on the job."""
+    if cost_ratio is not None:
+        session.execute(
+            update(Job).where(Job.id == job_id, Job.cost_ratio.is_(None)).values(cost_ratio=cost_ratio)
         )
+
+
+def check_speedup_guard(session: Session, *, job_id: str, min_items: int, threshold: float) -> bool:
+    """Switch the rest of the job to plain decoding if the A/B so far shows no speedup."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if (
+        job is None
+        or job.guard_tripped
+        or job.baseline_items < min_items
+        or not job.baseline_assisted_seconds
+    ):
+        return False
+    speedup = job.baseline_seconds / job.baseline_assisted_seconds
+    if speedup >= threshold:
+        return False
+    job.guard_tripped = True
+    job.guard_reason = (
+        f"measured speedup {speedup:.2f}x < {threshold:.2f}x on the first {job.baseline_items} sampled items "
+        f"(assisted {job.baseline_assisted_seconds:.3f} s vs plain {job.baseline_seconds:.3f} s): "
+        "the remaining items use plain decoding"
     )
     return True
 
@@ -282,10 +316,14 @@ def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
 
 
 def job_stats(job: Job) -> JobStats:
+    """Aggregates of a job. α = accepted / proposed; the expected speedup uses the mean number of
+    tokens proposed per round as γ (the heuristic schedule varies it) and the measured c."""
     alpha = job.draft_accepted / job.draft_proposed if job.draft_proposed else None
     expected = None
-    if alpha is not None and job.draft_tokens and job.cost_ratio is not None:
-        expected = expected_speedup(alpha, job.draft_tokens, job.cost_ratio)
+    if alpha is not None and job.target_rounds and job.cost_ratio is not None:
+        gamma = max(1, round(job.draft_proposed / job.target_rounds))
+        expected = expected_speedup(alpha, gamma, job.cost_ratio)
+    greedy = not (job.spec or {}).get("temperature")
     return JobStats(
         acceptance_rate=alpha,
         mean_accepted_per_round=job.draft_accepted / job.target_rounds if job.target_rounds else None,
@@ -294,5 +332,5 @@ def job_stats(job: Job) -> JobStats:
             job.baseline_seconds / job.baseline_assisted_seconds if job.baseline_assisted_seconds else None
         ),
         expected_speedup=expected,
-        lossless_rate=job.baseline_matches / job.baseline_items if job.baseline_items else None,
+        lossless_rate=job.baseline_matches / job.baseline_items if job.baseline_items and greedy else None,
     )

@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     max_new_tokens_limit: int = Field(default=8192, ge=1, description="Largest max_new_tokens accepted.")
     max_line_bytes: int = Field(default=1 << 20, ge=1024, description="Longest accepted JSONL line.")
     max_upload_bytes: int = Field(default=512 << 20, ge=1024, description="Largest accepted prompt file.")
+    guard_min_items: int = Field(
+        default=2, ge=1, description="Sampled A/B items before the speedup guard may switch a job to plain."
+    )
+    guard_threshold: float = Field(
+        default=1.0, ge=0.0, description="Measured speedup under which the guard switches to plain decoding."
+    )
     device: str = Field(default="auto", description="torch device for workers: auto, cpu, cuda, cuda:1…")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
 

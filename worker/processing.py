@@ -2,11 +2,19 @@
 
 Sits between the Celery task (which only passes ids) and the engine (which only sees token ids):
 it owns the database writes and the per-process caches of models and per-job engines.
+
+Measured speedup: every ``1/baseline_fraction``-th item (the job's first item always) is also
+decoded plainly by the target, right after its assisted decode, in the same process; the job sums
+both times over that sample (speedup = plain / assisted) and counts greedy outputs that match
+(the lossless rate). Speedup guard: once ``guard_min_items`` sampled items (or every sampled item
+of a small job) show a speedup under ``guard_threshold``, the rest of the job decodes plainly and
+the job records that it did and why.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import traceback
 from collections import OrderedDict
@@ -19,12 +27,13 @@ from genjob.db import session_scope
 from genjob.jobspec import JobSpec
 from genjob.models import Item, Job
 from genjob.settings import Settings
-from worker.engine import Decoded, DecodeOptions, Engine
+from worker.engine import Decoded, DecodeOptions, Engine, cost_ratio
 from worker.loading import ModelLoadError, check_same_vocabulary, load_model, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 MAX_CACHED_ENGINES = 16
+WARM_UP_PROMPT = "def main():\n    "
 
 
 class PromptTooLong(ValueError):
@@ -39,9 +48,10 @@ class JobRunner:
     engine: Engine
     tokenizer: object
     max_positions: int | None
+    cost_ratio: float | None
 
     @classmethod
-    def build(cls, spec: JobSpec, *, device: str) -> JobRunner:
+    def build(cls, spec: JobSpec, *, device: str, draft_tokens: int | None = None) -> JobRunner:
         target = load_model(spec.model, device)
         assistant = None
         if spec.mode is DecodingMode.DRAFT:
@@ -53,7 +63,7 @@ class JobRunner:
             target,
             assistant=assistant,
             mode=spec.mode,
-            draft_tokens=spec.draft_tokens,
+            draft_tokens=draft_tokens or spec.draft_tokens,
             schedule=spec.schedule,
             prompt_lookup_tokens=spec.prompt_lookup_tokens,
             eos_token_id=tokenizer.eos_token_id,
@@ -61,7 +71,14 @@ class JobRunner:
         )
         config = target.config
         positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-        return cls(spec=spec, engine=engine, tokenizer=tokenizer, max_positions=positions)
+        warm_up_ids = tokenizer(WARM_UP_PROMPT)["input_ids"]
+        engine.warm_up(warm_up_ids)
+        ratio = {DecodingMode.DRAFT: None, DecodingMode.PROMPT_LOOKUP: 0.0, DecodingMode.NONE: None}[
+            spec.mode
+        ]
+        if assistant is not None:
+            ratio = cost_ratio(target, assistant, warm_up_ids)
+        return cls(spec=spec, engine=engine, tokenizer=tokenizer, max_positions=positions, cost_ratio=ratio)
 
     def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
         ids = self.tokenizer(prompt)["input_ids"]
@@ -80,10 +97,62 @@ class JobRunner:
             seed=None if self.spec.seed is None else self.spec.seed + item.seq,
         )
 
-    def decode(self, item: Item) -> tuple[Decoded, str]:
+    def is_baseline_sample(self, seq: int) -> bool:
+        if self.spec.mode is DecodingMode.NONE or self.spec.baseline_fraction <= 0:
+            return False
+        return seq % max(1, round(1 / self.spec.baseline_fraction)) == 0
+
+    def decode(self, item: Item, *, plain_only: bool = False) -> ItemOutput:
+        """Decode one item; on sampled items also run the plain baseline for the A/B."""
         options = self.options(item)
-        decoded = self.engine.generate(self.encode(item.prompt, options.max_new_tokens), options)
-        return decoded, self.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
+        ids = self.encode(item.prompt, options.max_new_tokens)
+        mode = DecodingMode.NONE if plain_only else self.spec.mode
+        decoded = self.engine.generate(ids, options, mode=mode)
+        baseline = None
+        if not plain_only and self.is_baseline_sample(item.seq):
+            baseline = self.engine.generate(ids, options, mode=DecodingMode.NONE)
+        if baseline is not None and not self.spec.do_sample and baseline.token_ids != decoded.token_ids:
+            log.warning(
+                "item %s: assisted output differs from plain greedy: %s vs %s",
+                item.seq,
+                decoded.token_ids,
+                baseline.token_ids,
+            )
+        text = self.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
+        return ItemOutput(
+            decoded=decoded, text=text, mode=mode, baseline=baseline, greedy=not self.spec.do_sample
+        )
+
+
+@dataclass
+class ItemOutput:
+    decoded: Decoded
+    text: str
+    mode: DecodingMode
+    baseline: Decoded | None
+    greedy: bool
+
+    def result_row(self, worker: str) -> dict:
+        stats = self.decoded.stats
+        row = {
+            "output": self.text,
+            "finish_reason": stats.finish_reason,
+            "mode": self.mode.value,
+            "prompt_tokens": stats.prompt_tokens,
+            "new_tokens": stats.new_tokens,
+            "target_rounds": stats.target_rounds,
+            "draft_proposed": stats.draft_proposed,
+            "draft_accepted": stats.draft_accepted,
+            "latency_s": stats.latency_s,
+            "baseline_latency_s": None,
+            "baseline_match": None,
+            "worker": worker,
+        }
+        if self.baseline is not None:
+            row["baseline_latency_s"] = self.baseline.stats.latency_s
+            if self.greedy:
+                row["baseline_match"] = self.baseline.token_ids == self.decoded.token_ids
+        return row
 
 
 class RunnerCache:
@@ -94,11 +163,11 @@ class RunnerCache:
         self._size = size
         self._lock = Lock()
 
-    def get(self, job_id: str, spec: JobSpec, *, device: str) -> JobRunner:
+    def get(self, job_id: str, spec: JobSpec, *, device: str, draft_tokens: int | None) -> JobRunner:
         with self._lock:
             runner = self._runners.get(job_id)
             if runner is None:
-                runner = JobRunner.build(spec, device=device)
+                runner = JobRunner.build(spec, device=device, draft_tokens=draft_tokens)
                 self._runners[job_id] = runner
                 while len(self._runners) > self._size:
                     self._runners.popitem(last=False)
@@ -121,20 +190,12 @@ def worker_name() -> str:
     return socket.gethostname()
 
 
-def _result_row(runner: JobRunner, decoded: Decoded, text: str, worker: str) -> dict:
-    stats = decoded.stats
-    return {
-        "output": text,
-        "finish_reason": stats.finish_reason,
-        "mode": runner.spec.mode.value,
-        "prompt_tokens": stats.prompt_tokens,
-        "new_tokens": stats.new_tokens,
-        "target_rounds": stats.target_rounds,
-        "draft_proposed": stats.draft_proposed,
-        "draft_accepted": stats.draft_accepted,
-        "latency_s": stats.latency_s,
-        "worker": worker,
-    }
+def guard_sample_size(settings: Settings, job: Job, spec: JobSpec) -> int:
+    """How many sampled items the guard waits for: its minimum, or all the job will ever have."""
+    if spec.baseline_fraction <= 0:
+        return 0
+    samples = math.ceil(job.total / max(1, round(1 / spec.baseline_fraction)))
+    return max(1, min(settings.guard_min_items, samples))
 
 
 def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worker: str) -> ChunkOutcome:
@@ -148,27 +209,32 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
             return outcome
         crud.mark_job_running(session, job_id=job_id)
         spec = JobSpec.model_validate(job.spec)
+        guard_after = guard_sample_size(settings, job, spec)
     try:
-        runner = RUNNERS.get(job_id, spec, device=settings.device)
+        runner = RUNNERS.get(job_id, spec, device=settings.device, draft_tokens=job.draft_tokens)
     except ModelLoadError as exc:
         log.error("job %s: %s", job_id, exc)
         with session_scope(url) as session:
             crud.fail_job(session, job_id=job_id, error=str(exc))
         outcome.stopped = True
         return outcome
+    with session_scope(url) as session:
+        crud.record_cost_ratio(session, job_id=job_id, cost_ratio=runner.cost_ratio)
 
     for item_id in item_ids:
         with session_scope(url) as session:
-            if session.get(Job, job_id, populate_existing=True).status in TERMINAL_JOB_STATUSES:
+            job = session.get(Job, job_id, populate_existing=True)
+            if job.status in TERMINAL_JOB_STATUSES:
                 outcome.stopped = True
                 break
+            plain_only = job.guard_tripped
             claimed = crud.claim_item(session, item_id=item_id, worker=worker)
         if claimed is None:
             outcome.skipped += 1
             continue
         item, attempt_id = claimed
         try:
-            decoded, text = runner.decode(item)
+            output = runner.decode(item, plain_only=plain_only)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.warning("job %s item %s failed: %s\n%s", job_id, item.seq, error, traceback.format_exc())
@@ -177,9 +243,11 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
             outcome.failed += 1
             continue
         with session_scope(url) as session:
-            crud.finish_item(
-                session, item=item, attempt_id=attempt_id, result=_result_row(runner, decoded, text, worker)
-            )
+            crud.finish_item(session, item=item, attempt_id=attempt_id, result=output.result_row(worker))
+            if output.baseline is not None:
+                crud.check_speedup_guard(
+                    session, job_id=job_id, min_items=guard_after, threshold=settings.guard_threshold
+                )
         outcome.done += 1
 
     with session_scope(url) as session:

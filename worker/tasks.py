@@ -29,6 +29,8 @@ def register_tasks(app: Celery) -> None:
         from worker.processing import process_chunk, worker_name  # torch loads in the worker only
 
         worker = self.request.hostname or worker_name()
-        outcome = process_chunk(settings=self.app.genjob_settings, job_id=job_id, item_ids=item_ids, worker=worker)
+        outcome = process_chunk(
+            settings=self.app.genjob_settings, job_id=job_id, item_ids=item_ids, worker=worker
+        )
         log.info("job %s chunk of %d: %s", job_id, len(item_ids), outcome)
         return {"done": outcome.done, "failed": outcome.failed, "skipped": outcome.skipped}
