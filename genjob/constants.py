@@ -48,3 +48,17 @@ class DecodingMode(StrEnum):
 class DraftSchedule(StrEnum):
     CONSTANT = "constant"
     HEURISTIC = "heuristic"
+
+
+class InputFormat(StrEnum):
+    """Line format of a prompt file: genjob's own, or the OpenAI batch request format."""
+
+    GENJOB = "genjob"
+    OPENAI = "openai"
+
+
+class OpenAIEndpoint(StrEnum):
+    """The OpenAI batch endpoints a request line may target (one per file, as OpenAI requires)."""
+
+    COMPLETIONS = "/v1/completions"
+    CHAT_COMPLETIONS = "/v1/chat/completions"

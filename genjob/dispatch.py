@@ -11,14 +11,16 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from kombu.exceptions import OperationalError
 
 from genjob import crud
-from genjob.constants import TASK_GENERATE_CHUNK
+from genjob.constants import TASK_GENERATE_CHUNK, InputFormat
 from genjob.db import ensure_schema, session_scope
-from genjob.inputs import InputLimits, iter_prompt_file, validate_prompt_file
+from genjob.inputs import InputLimits, iter_prompt_stream, summarize_prompt_stream
 from genjob.jobspec import JobSpec
+from genjob.openai_batch import ChatTemplate
 from genjob.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,20 +56,54 @@ def store_job(
     spec: JobSpec,
     name: str | None = None,
     expires_at: datetime | None = None,
+    input_format: InputFormat = InputFormat.GENJOB,
 ) -> Submitted:
     """Validate the whole file, then insert the job and its items in one transaction."""
+    with path.open("rb") as stream:
+        return store_job_stream(
+            settings,
+            stream=stream,
+            source=str(path),
+            spec=spec,
+            name=name,
+            expires_at=expires_at,
+            input_format=input_format,
+        )
+
+
+def store_job_stream(
+    settings: Settings,
+    *,
+    stream: BinaryIO,
+    source: str,
+    spec: JobSpec,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    input_format: InputFormat = InputFormat.GENJOB,
+) -> Submitted:
+    """``store_job`` on a seekable binary stream (an upload spooled by the API), read twice.
+
+    Chat messages (OpenAI lines) are rendered here with the target's chat template, so the items
+    hold prompt text whichever way they came.
+    """
     limits = input_limits(settings)
-    count = validate_prompt_file(path, limits=limits)
+    chat = ChatTemplate(spec.model)
+    read = {"source": source, "limits": limits, "input_format": input_format, "chat": chat}
+    start = stream.tell()
+    summary = summarize_prompt_stream(stream, **read)
+    stream.seek(start)
+    if summary.endpoint is not None:
+        spec = spec.model_copy(update={"endpoint": summary.endpoint})
     with session_scope(settings.database_url) as session:
         job = crud.create_job(
             session,
             spec=spec,
-            items=iter_prompt_file(path, limits=limits),
+            items=iter_prompt_stream(stream, **read),
             queue=settings.queue,
             name=name,
             expires_at=expires_at,
         )
-        assert job.total == count
+        assert job.total == summary.count
         return Submitted(job_id=job.id, items=job.total)
 
 

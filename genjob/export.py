@@ -1,4 +1,7 @@
-"""Export a job's results in input order as JSONL or CSV, streamed (shared by CLI and API)."""
+"""Export a job's results in input order as JSONL, CSV or OpenAI batch output, streamed.
+
+Shared by the CLI (``genjob results``) and the API (``GET /v1/jobs/{id}/results``).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +15,14 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from genjob import crud
-from genjob.models import Item, Result
+from genjob.models import Item, Job, Result
+from genjob.openai_batch import response_record
 
 
 class ResultFormat(StrEnum):
     JSONL = "jsonl"
     CSV = "csv"
+    OPENAI = "openai"  # OpenAI batch output lines: {"custom_id", "response": {"body"}, "error"}
 
 
 RESULT_FIELDS = (
@@ -74,6 +79,8 @@ def iter_result_records(session: Session, *, job_id: str) -> Iterator[dict[str, 
 
 def render(records: Iterator[dict[str, Any]], fmt: ResultFormat) -> Iterator[str]:
     """Text chunks of the export, one per record (plus the CSV header)."""
+    if fmt is ResultFormat.OPENAI:
+        raise ValueError("the openai format needs the job: use export_job")
     if fmt is ResultFormat.JSONL:
         for record in records:
             yield json.dumps(record, ensure_ascii=False) + "\n"
@@ -88,3 +95,12 @@ def render(records: Iterator[dict[str, Any]], fmt: ResultFormat) -> Iterator[str
         buffer.truncate()
     if buffer.tell():
         yield buffer.getvalue()
+
+
+def export_job(session: Session, *, job: Job, fmt: ResultFormat) -> Iterator[str]:
+    """Text chunks of a job's export in ``fmt``, one per item in input order."""
+    if fmt is not ResultFormat.OPENAI:
+        yield from render(iter_result_records(session, job_id=job.id), fmt)
+        return
+    for item, result in crud.iter_results(session, job_id=job.id):
+        yield json.dumps(response_record(job, item, result), ensure_ascii=False) + "\n"

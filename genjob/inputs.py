@@ -4,6 +4,10 @@ A file is read line by line in binary, never whole: each line is bounded in size
 strict UTF-8, parsed as a JSON object and validated field by field. Errors name the file, the
 line and the field. ``validate_prompt_file`` checks a whole file before anything is stored;
 ``iter_prompt_file`` yields the valid items for the insert that follows.
+
+Two line formats (``InputFormat``): genjob's own ``{"prompt", "id", "max_new_tokens"}`` and the
+OpenAI batch request format (``genjob.openai_batch``), whose chat messages are rendered to prompt
+text by a ``ChatRenderer`` (the target tokenizer's chat template). Both give the same items.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
+from genjob.constants import InputFormat, OpenAIEndpoint
+from genjob.openai_batch import ChatRenderer, ChatTemplateError, RequestLine, allowed_fields, request_prompt
+
 UTF8_BOM = b"\xef\xbb\xbf"
 MAX_REPORTED_ERRORS = 20
+GENJOB_FIELDS = "prompt, id, max_new_tokens"
 
 
 class PromptLine(BaseModel):
@@ -47,6 +55,7 @@ class PromptItem:
     prompt: str
     custom_id: str | None
     max_new_tokens: int | None
+    endpoint: OpenAIEndpoint | None = None  # OpenAI request lines only
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,28 @@ class InputFileError(ValueError):
         super().__init__("\n".join(lines))
 
 
+class LineProblem(ValueError):
+    """Why one line is invalid (and which field), raised while parsing it."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    """A line's content, whatever its format, before the checks shared by every format."""
+
+    prompt: str
+    custom_id: str | None
+    max_new_tokens: int | None
+    endpoint: OpenAIEndpoint | None = None
+    id_field: str = "id"
+    prompt_field: str = "prompt"
+    max_new_tokens_field: str = "max_new_tokens"
+
+
 @dataclass(frozen=True)
 class InputLimits:
     max_line_bytes: int = 1 << 20
@@ -84,16 +115,52 @@ def _json_type(value: object) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def _describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
+def _describe_validation_error(exc: ValidationError, fmt: InputFormat) -> LineProblem:
     first = exc.errors()[0]
     field = ".".join(str(part) for part in first["loc"]) or None
     kind = first["type"]
     if kind == "missing":
-        return f"missing required field '{field}'", field
+        return LineProblem(f"missing required field '{field}'", field)
     if kind == "extra_forbidden":
-        return f"unknown field '{field}' (allowed: prompt, id, max_new_tokens)", field
+        allowed = GENJOB_FIELDS if fmt is InputFormat.GENJOB else allowed_fields(first["loc"])
+        return LineProblem(f"unknown field '{field}' (allowed: {allowed})", field)
     message = first["msg"].removeprefix("Value error, ")
-    return f"field '{field}': {message}", field
+    return LineProblem(f"field '{field}': {message}" if field else message, field)
+
+
+def _parse_genjob_line(data: dict) -> ParsedLine:
+    try:
+        parsed = PromptLine.model_validate(data)
+    except ValidationError as exc:
+        raise _describe_validation_error(exc, InputFormat.GENJOB) from exc
+    return ParsedLine(parsed.prompt, parsed.id, parsed.max_new_tokens)
+
+
+def _parse_openai_line(data: dict, chat: ChatRenderer | None) -> ParsedLine:
+    try:
+        parsed = RequestLine.model_validate(data)
+    except ValidationError as exc:
+        raise _describe_validation_error(exc, InputFormat.OPENAI) from exc
+    try:
+        prompt = request_prompt(parsed, chat)
+    except ChatTemplateError as exc:
+        raise LineProblem(str(exc), "body.messages") from exc
+    prompt_field = "body.prompt" if parsed.body.prompt is not None else "body.messages"
+    return ParsedLine(
+        prompt,
+        parsed.custom_id,
+        parsed.max_new_tokens,
+        endpoint=parsed.body.endpoint,
+        id_field="custom_id",
+        prompt_field=prompt_field,
+        max_new_tokens_field=parsed.max_new_tokens_field,
+    )
+
+
+def _check_storable(value: str | None, field: str) -> None:
+    """Postgres text cannot hold NUL characters, which JSON's \\u0000 allows (pydantic refuses surrogates)."""
+    if value is not None and "\x00" in value:
+        raise LineProblem(f"field '{field}': must not contain NUL characters (\\u0000)", field)
 
 
 def _read_lines(stream: BinaryIO, limits: InputLimits) -> Iterator[tuple[int, bytes | None]]:
@@ -113,8 +180,30 @@ def _read_lines(stream: BinaryIO, limits: InputLimits) -> Iterator[tuple[int, by
         yield number, raw
 
 
-def _parse_stream(stream: BinaryIO, limits: InputLimits) -> Iterator[PromptItem | LineError]:
+def _parse_line(text: str, fmt: InputFormat, limits: InputLimits, chat: ChatRenderer | None) -> ParsedLine:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LineProblem(f"invalid JSON: {exc.msg} (column {exc.colno})") from exc
+    if not isinstance(data, dict):
+        raise LineProblem(f"expected a JSON object, got {_json_type(data)}")
+    parsed = _parse_genjob_line(data) if fmt is InputFormat.GENJOB else _parse_openai_line(data, chat)
+    tokens = parsed.max_new_tokens
+    if tokens is not None and not 1 <= tokens <= limits.max_new_tokens_limit:
+        field = parsed.max_new_tokens_field
+        raise LineProblem(
+            f"field '{field}': must be between 1 and {limits.max_new_tokens_limit}, got {tokens}", field
+        )
+    _check_storable(parsed.prompt, parsed.prompt_field)
+    _check_storable(parsed.custom_id, parsed.id_field)
+    return parsed
+
+
+def _parse_stream(
+    stream: BinaryIO, limits: InputLimits, fmt: InputFormat, chat: ChatRenderer | None
+) -> Iterator[PromptItem | LineError]:
     seen_ids: set[str] = set()
+    endpoint: tuple[OpenAIEndpoint, int] | None = None  # the file's endpoint, and its first line
     seq = 0
     for number, raw in _read_lines(stream, limits):
         if raw is None:
@@ -130,45 +219,51 @@ def _parse_stream(stream: BinaryIO, limits: InputLimits) -> Iterator[PromptItem 
         if not text.strip():
             continue  # blank lines (and a trailing newline) are allowed
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield LineError(number, f"invalid JSON: {exc.msg} (column {exc.colno})")
+            parsed = _parse_line(text, fmt, limits, chat)
+        except LineProblem as problem:
+            yield LineError(number, problem.message, problem.field)
             continue
-        if not isinstance(data, dict):
-            yield LineError(number, f"expected a JSON object, got {_json_type(data)}")
-            continue
-        try:
-            parsed = PromptLine.model_validate(data)
-        except ValidationError as exc:
-            message, field = _describe_validation_error(exc)
-            yield LineError(number, message, field)
-            continue
-        if (
-            parsed.max_new_tokens is not None
-            and not 1 <= parsed.max_new_tokens <= limits.max_new_tokens_limit
-        ):
-            yield LineError(
-                number,
-                f"field 'max_new_tokens': must be between 1 and {limits.max_new_tokens_limit}, "
-                f"got {parsed.max_new_tokens}",
-                "max_new_tokens",
-            )
-            continue
-        if parsed.id is not None:
-            if parsed.id in seen_ids:
-                yield LineError(number, f"field 'id': duplicate id {parsed.id!r}", "id")
+        if parsed.endpoint is not None:
+            if endpoint is None:
+                endpoint = (parsed.endpoint, number)
+            elif parsed.endpoint is not endpoint[0]:
+                yield LineError(
+                    number,
+                    f"a {parsed.endpoint.value} request in a file of {endpoint[0].value} requests "
+                    f"(line {endpoint[1]}): a batch uses one endpoint",
+                    parsed.prompt_field,
+                )
                 continue
-            seen_ids.add(parsed.id)
-        yield PromptItem(seq, number, parsed.prompt, parsed.id, parsed.max_new_tokens)
+        if parsed.custom_id is not None:
+            if parsed.custom_id in seen_ids:
+                field = parsed.id_field
+                yield LineError(number, f"field '{field}': duplicate id {parsed.custom_id!r}", field)
+                continue
+            seen_ids.add(parsed.custom_id)
+        yield PromptItem(seq, number, parsed.prompt, parsed.custom_id, parsed.max_new_tokens, parsed.endpoint)
         seq += 1
 
 
-def validate_prompt_stream(stream: BinaryIO, *, source: str, limits: InputLimits) -> int:
-    """Check every line; return the number of prompts or raise ``InputFileError``."""
+@dataclass(frozen=True)
+class InputSummary:
+    count: int
+    endpoint: OpenAIEndpoint | None  # the OpenAI endpoint every line used; None for genjob lines
+
+
+def summarize_prompt_stream(
+    stream: BinaryIO,
+    *,
+    source: str,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    chat: ChatRenderer | None = None,
+) -> InputSummary:
+    """Check every line; return the number of prompts (and endpoint) or raise ``InputFileError``."""
     errors: list[LineError] = []
     more = 0
     count = 0
-    for entry in _parse_stream(stream, limits):
+    endpoint = None
+    for entry in _parse_stream(stream, limits, input_format, chat):
         if isinstance(entry, LineError):
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append(entry)
@@ -176,26 +271,65 @@ def validate_prompt_stream(stream: BinaryIO, *, source: str, limits: InputLimits
                 more += 1
         else:
             count += 1
+            endpoint = entry.endpoint
     if not errors and count == 0:
         errors.append(LineError(None, "no prompts found (the file is empty or has only blank lines)"))
     if errors:
         raise InputFileError(source, errors, more=more)
-    return count
+    return InputSummary(count, endpoint)
 
 
-def iter_prompt_stream(stream: BinaryIO, *, source: str, limits: InputLimits) -> Iterator[PromptItem]:
+def validate_prompt_stream(
+    stream: BinaryIO,
+    *,
+    source: str,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    chat: ChatRenderer | None = None,
+) -> int:
+    """Check every line; return the number of prompts or raise ``InputFileError``."""
+    summary = summarize_prompt_stream(
+        stream, source=source, limits=limits, input_format=input_format, chat=chat
+    )
+    return summary.count
+
+
+def iter_prompt_stream(
+    stream: BinaryIO,
+    *,
+    source: str,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    chat: ChatRenderer | None = None,
+) -> Iterator[PromptItem]:
     """Yield the prompts of an already validated stream; raise on the first error regardless."""
-    for entry in _parse_stream(stream, limits):
+    for entry in _parse_stream(stream, limits, input_format, chat):
         if isinstance(entry, LineError):
             raise InputFileError(source, [entry])
         yield entry
 
 
-def validate_prompt_file(path: Path, *, limits: InputLimits) -> int:
+def validate_prompt_file(
+    path: Path,
+    *,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    chat: ChatRenderer | None = None,
+) -> int:
     with path.open("rb") as stream:
-        return validate_prompt_stream(stream, source=str(path), limits=limits)
+        return validate_prompt_stream(
+            stream, source=str(path), limits=limits, input_format=input_format, chat=chat
+        )
 
 
-def iter_prompt_file(path: Path, *, limits: InputLimits) -> Iterator[PromptItem]:
+def iter_prompt_file(
+    path: Path,
+    *,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    chat: ChatRenderer | None = None,
+) -> Iterator[PromptItem]:
     with path.open("rb") as stream:
-        yield from iter_prompt_stream(stream, source=str(path), limits=limits)
+        yield from iter_prompt_stream(
+            stream, source=str(path), limits=limits, input_format=input_format, chat=chat
+        )

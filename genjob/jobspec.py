@@ -4,7 +4,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from genjob.constants import DecodingMode, DraftSchedule
+from genjob.constants import DecodingMode, DraftSchedule, OpenAIEndpoint
 
 
 class JobSpec(BaseModel):
@@ -12,8 +12,10 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(min_length=1, description="Target model: hub id or local path.")
-    assistant: str | None = Field(default=None, description="Draft model for mode 'draft'.")
+    model: str = Field(min_length=1, max_length=500, description="Target model: hub id or local path.")
+    assistant: str | None = Field(
+        default=None, min_length=1, max_length=500, description="Draft model for mode 'draft'."
+    )
     mode: DecodingMode = DecodingMode.DRAFT
     max_new_tokens: int = Field(default=128, ge=1)
     draft_tokens: int = Field(default=5, ge=1, le=64, description="γ: tokens the draft proposes a round.")
@@ -21,9 +23,13 @@ class JobSpec(BaseModel):
     prompt_lookup_tokens: int = Field(default=10, ge=1, le=64)
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     baseline_fraction: float = Field(
         default=0.05, ge=0.0, le=1.0, description="Share of items also decoded plainly to measure speedup."
+    )
+    endpoint: OpenAIEndpoint | None = Field(
+        default=None,
+        description="OpenAI batch endpoint of the input lines (None: genjob lines); shapes openai output.",
     )
 
     @model_validator(mode="after")

@@ -1,13 +1,30 @@
 """One Settings object, read from ``GENJOB_*`` environment variables (and an optional ``.env``)."""
 
-from functools import lru_cache
+from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import json
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from genjob.constants import DEFAULT_QUEUE
 
 EMBEDDED_DATABASE_URL = "sqlite:///./genjob.db"
+LOCAL_API_HOST = "127.0.0.1"
+
+
+class ModelEntry(BaseModel):
+    """One allow-listed model: the name jobs use, the target it loads and its draft (if any)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+    target: str = Field(min_length=1, max_length=500, description="Hub id or local path of the target.")
+    draft: str | None = Field(
+        default=None, min_length=1, max_length=500, description="Draft model sharing the tokenizer."
+    )
 
 
 class Settings(BaseSettings):
@@ -31,7 +48,9 @@ class Settings(BaseSettings):
     max_new_tokens: int = Field(default=128, ge=1, description="Default new tokens per item.")
     max_new_tokens_limit: int = Field(default=8192, ge=1, description="Largest max_new_tokens accepted.")
     max_line_bytes: int = Field(default=1 << 20, ge=1024, description="Longest accepted JSONL line.")
-    max_upload_bytes: int = Field(default=512 << 20, ge=1024, description="Largest accepted prompt file.")
+    max_upload_bytes: int = Field(
+        default=512 << 20, ge=1024, description="Largest accepted prompt file (the API answers 413 above)."
+    )
     guard_min_items: int = Field(
         default=2, ge=1, description="Sampled A/B items before the speedup guard may switch a job to plain."
     )
@@ -40,11 +59,53 @@ class Settings(BaseSettings):
     )
     device: str = Field(default="auto", description="torch device for workers: auto, cpu, cuda, cuda:1…")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
+    # The HTTP API (``genjob api``).
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description="Accepted API keys (comma-separated or a JSON list). None: local-only mode, "
+        "served on 127.0.0.1 without authentication.",
+    )
+    api_host: str = Field(default=LOCAL_API_HOST, description="Address `genjob api` listens on.")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port `genjob api` listens on.")
+    models: Annotated[tuple[ModelEntry, ...], NoDecode] = Field(
+        default=(),
+        description='Model allow-list, a JSON object: {"name": {"target": "path or id", "draft": "…"}} '
+        '(or {"name": "path"}). API jobs must name one; the CLI also accepts paths.',
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            keys = json.loads(text) if text.startswith("[") else text.split(",")
+            return tuple(key.strip() for key in keys if key.strip())
+        return value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_from_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else {}
+        if isinstance(value, dict):
+            return tuple(
+                {"name": name, "target": entry} if isinstance(entry, str) else {"name": name, **entry}
+                for name, entry in value.items()
+            )
+        return value
 
     @property
     def embedded(self) -> bool:
         """No broker configured: run tasks in-process (Celery eager) instead of through a queue."""
         return not self.broker_url
+
+    @property
+    def local_only(self) -> bool:
+        """No API key configured: the API serves loopback clients only, without authentication."""
+        return not self.api_keys
+
+    def model_entry(self, name: str) -> ModelEntry | None:
+        return next((entry for entry in self.models if entry.name == name), None)
 
 
 @lru_cache

@@ -6,6 +6,7 @@ always, which would hide every disagreement path in the engine.
 
 from __future__ import annotations
 
+import shutil
 import sysconfig
 from pathlib import Path
 
@@ -71,3 +72,19 @@ def save_pair(directory: Path, *, vocab_size: int = 384) -> tuple[Path, Path]:
         tokenizer.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+# A minimal chat template for tests (the tiny tokenizer has none of its own).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def with_chat_template(model: Path, directory: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """A copy of the model at ``model`` whose tokenizer has ``template`` as its chat template."""
+    shutil.copytree(model, directory)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(directory)
+    return directory

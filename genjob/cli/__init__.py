@@ -7,7 +7,7 @@ import logging
 import click
 
 from genjob import __version__
-from genjob.cli import admin, jobs
+from genjob.cli import admin, jobs, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,5 +27,5 @@ def main(verbose: int) -> None:
     )
 
 
-for command in (*jobs.COMMANDS, *admin.COMMANDS):
+for command in (*jobs.COMMANDS, *admin.COMMANDS, *serve.COMMANDS):
     main.add_command(command)

@@ -9,16 +9,15 @@ import time
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 
 from genjob import crud
+from genjob.catalog import JobOptionsError, build_job_spec
 from genjob.cli.output import JOBS_HEADER, job_row, job_stats_lines, job_summary_lines
-from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode, DraftSchedule, JobStatus
+from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode, DraftSchedule, InputFormat, JobStatus
 from genjob.db import SchemaError, session_scope
 from genjob.dispatch import BrokerUnavailable, enqueue_job, prepare_database, store_job
-from genjob.export import ResultFormat, iter_result_records, render
+from genjob.export import ResultFormat, export_job
 from genjob.inputs import InputFileError
-from genjob.jobspec import JobSpec
 from genjob.models import Job
 from genjob.settings import Settings, get_settings
 
@@ -84,10 +83,32 @@ class _ChunkRunner(threading.Thread):
             self.error = exc
 
 
+def _check_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not 1 <= len(value) <= 200:
+        raise click.BadParameter("must be 1 to 200 characters")
+    return value
+
+
 @click.command()
 @click.argument("prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-m", "--model", required=True, help="Target model: hub id or local path.")
-@click.option("-a", "--assistant", help="Draft model (hub id or path) sharing the target's tokenizer.")
+@click.option(
+    "-m",
+    "--model",
+    required=True,
+    help="Target model: a name from GENJOB_MODELS (its draft comes with it), a hub id or a local path.",
+)
+@click.option(
+    "-a",
+    "--assistant",
+    help="Draft model (a GENJOB_MODELS name, hub id or path) sharing the target's tokenizer.",
+)
+@click.option(
+    "--input-format",
+    type=click.Choice([f.value for f in InputFormat]),
+    default=InputFormat.GENJOB.value,
+    show_default=True,
+    help="genjob lines, or OpenAI batch request lines (chat messages go through the chat template).",
+)
 @click.option(
     "--mode",
     type=click.Choice([m.value for m in DecodingMode]),
@@ -113,25 +134,27 @@ class _ChunkRunner(threading.Thread):
     help="Share of items also decoded plainly to measure the speedup.",
 )
 @click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
-@click.option("--name", help="A name to find the job by.")
+@click.option("--name", callback=_check_name, help="A name to find the job by.")
 @click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
-def submit(prompts: Path, wait: bool, name: str | None, chunk_size: int | None, **options) -> None:
+def submit(
+    prompts: Path, wait: bool, name: str | None, chunk_size: int | None, input_format: str, **options
+) -> None:
     """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
 
     The whole file is validated first; a bad line fails the submit with
-    FILE:LINE: reason and nothing is stored. Prints the job id.
+    FILE:LINE: reason and nothing is stored. Prints the job id. With
+    --input-format openai, lines are OpenAI batch requests
+    ({"custom_id": ..., "body": {"prompt" or "messages": ...}}).
     """
     settings = settings_and_schema()
-    if options["mode"] is None:
-        options["mode"] = DecodingMode.DRAFT if options["assistant"] else DecodingMode.NONE
-    options["max_new_tokens"] = options["max_new_tokens"] or settings.max_new_tokens
     try:
-        spec = JobSpec(**options)
-    except ValidationError as exc:
-        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
-        raise click.ClickException(f"invalid job options: {problems}") from exc
+        spec = build_job_spec(settings, allow_paths=True, **options)
+    except JobOptionsError as exc:
+        raise click.ClickException(f"invalid job options: {exc}") from exc
     try:
-        submitted = store_job(settings, path=prompts, spec=spec, name=name)
+        submitted = store_job(
+            settings, path=prompts, spec=spec, name=name, input_format=InputFormat(input_format)
+        )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(submitted.job_id)
@@ -197,12 +220,14 @@ def stats(job_id: str) -> None:
 def results(job_id: str, fmt: str, output: Path | None) -> None:
     """Export a job's results in input order (one record per item, with its custom id).
 
-    With -o the file appears only once complete (written aside, then renamed).
+    --format openai writes OpenAI batch output lines ({"custom_id", "response":
+    {"body": ...}, "error"}). With -o the file appears only once complete
+    (written aside, then renamed).
     """
     settings = settings_and_schema()
     job = load_job(settings, job_id)
     with session_scope(settings.database_url) as session:
-        chunks = render(iter_result_records(session, job_id=job.id), ResultFormat(fmt))
+        chunks = export_job(session, job=job, fmt=ResultFormat(fmt))
         if output is None:
             for chunk in chunks:
                 click.echo(chunk, nl=False)

@@ -1,0 +1,129 @@
+"""Errors as JSON with one stable shape, whatever raised them.
+
+Every error response is ``{"error": {"code": "...", "message": "...", "details": [...]}}``: ``code``
+is a fixed machine-readable string, ``message`` a sentence for people, and ``details`` lists the
+individual problems, each with the input ``line`` and/or ``field`` it concerns where there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from genjob.inputs import InputFileError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    line: int | None = Field(default=None, description="Line of the uploaded file, from 1.")
+    field: str | None = Field(default=None, description="Field of the line or of the request.")
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. invalid_input, unauthorized.")
+    message: str
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ApiError(Exception):
+    """Raised anywhere in a request to answer with this status and error body."""
+
+    def __init__(
+        self,
+        status_code: int,
+        code: str,
+        message: str,
+        *,
+        details: Sequence[ErrorDetail] = (),
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.details = list(details)
+        self.headers = headers
+
+    @classmethod
+    def invalid_input(cls, exc: InputFileError) -> ApiError:
+        """422 for a rejected upload: every problem in ``details``, the first one in the message."""
+        details = [ErrorDetail(message=e.message, line=e.line, field=e.field) for e in exc.errors]
+        if exc.more:
+            details.append(ErrorDetail(message=f"… and {exc.more} more errors"))
+        others = len(exc.errors) - 1 + exc.more
+        message = exc.errors[0].format(exc.source) + (f" (and {others} more)" if others else "")
+        return cls(422, "invalid_input", f"{message}; nothing was stored", details=details)
+
+
+def error_response(
+    status_code: int,
+    code: str,
+    message: str,
+    details: Sequence[ErrorDetail] = (),
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(code=code, message=message, details=list(details)))
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=headers)
+
+
+# Codes for errors that Starlette raises itself (unknown route, wrong method…).
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    details = []
+    for error in exc.errors():
+        loc = [str(part) for part in error.get("loc", ())]
+        field = ".".join(loc[1:] if loc and loc[0] in ("query", "path", "body", "header") else loc)
+        details.append(ErrorDetail(message=error.get("msg", "invalid"), field=field or None))
+    return error_response(422, "invalid_request", "the request's parameters are invalid", details)
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", "internal server error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI ``responses`` documenting the error shape for these statuses."""
+    return {status: {"model": ErrorResponse, "description": HTTPStatus(status).phrase} for status in statuses}

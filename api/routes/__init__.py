@@ -1,0 +1,1 @@
+"""The API's routers: jobs under /v1, health at the root."""

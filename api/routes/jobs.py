@@ -1,0 +1,202 @@
+"""``/v1/jobs``: submit a JSONL upload as a job, list and read jobs, stream results, cancel, requeue.
+
+Submitting goes through the same code as ``genjob submit`` (``genjob.catalog.build_job_spec`` and
+``genjob.dispatch.store_job_stream``), so a job is the same row whichever way it came in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import JobDep, SessionDep, SettingsDep, require_api_key
+from api.errors import ApiError, ErrorDetail, error_responses
+from api.schemas import JobList, JobOptions, JobOut, RequeueOut
+from api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
+from genjob import crud
+from genjob.catalog import JobOptionsError, build_job_spec
+from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
+from genjob.db import session_scope
+from genjob.dispatch import BrokerUnavailable, enqueue_job, store_job_stream
+from genjob.export import ResultFormat, export_job
+from genjob.inputs import InputFileError
+from genjob.models import Job
+from genjob.settings import Settings
+
+STREAM_CHUNK_CHARS = 64 << 10
+MEDIA_TYPES = {
+    ResultFormat.JSONL: "application/jsonl",
+    ResultFormat.CSV: "text/csv",
+    ResultFormat.OPENAI: "application/jsonl",
+}
+
+router = APIRouter(
+    prefix="/v1/jobs",
+    tags=["jobs"],
+    dependencies=[Depends(require_api_key)],
+    responses=error_responses(401, 403, 422),
+)
+
+
+def _load_job(settings: Settings, job_id: str) -> Job:
+    with session_scope(settings.database_url) as session:
+        return crud.get_job(session, job_id=job_id)
+
+
+async def _enqueue(settings: Settings, job_id: str, chunk_size: int, background: BackgroundTasks) -> int:
+    """Queue the job's pending items as chunks (returns how many); embedded: run them after the response."""
+    if settings.embedded:
+        background.add_task(enqueue_job, settings, job_id=job_id, chunk_size=chunk_size)
+        return await run_in_threadpool(_count_chunks, settings, job_id, chunk_size)
+    try:
+        return await run_in_threadpool(enqueue_job, settings, job_id=job_id, chunk_size=chunk_size)
+    except BrokerUnavailable as exc:
+        raise ApiError(
+            503,
+            "broker_unavailable",
+            f"{exc}; POST /v1/jobs/{job_id}/requeue once the broker is back",
+            details=[ErrorDetail(message="the job is stored", field="job_id")],
+        ) from exc
+
+
+def _count_chunks(settings: Settings, job_id: str, chunk_size: int) -> int:
+    with session_scope(settings.database_url) as session:
+        return sum(1 for _ in crud.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Submit a JSONL upload as a job",
+    responses=error_responses(400, 413, 415, 503),
+    openapi_extra={"requestBody": UPLOAD_REQUEST_BODY},
+)
+async def create_job(
+    request: Request,
+    response: Response,
+    settings: SettingsDep,
+    options: Annotated[JobOptions, Query()],
+    background: BackgroundTasks,
+) -> JobOut:
+    """Validate the whole upload as `genjob submit` does, then store and queue it.
+
+    A bad line answers 422 with every problem (line and field) in `error.details`, and nothing is
+    stored. An upload over GENJOB_MAX_UPLOAD_BYTES answers 413.
+    """
+    try:
+        spec = build_job_spec(settings, model=options.model, allow_paths=False, **options.spec_options())
+    except JobOptionsError as exc:
+        detail = ErrorDetail(message=str(exc), field=exc.field)
+        raise ApiError(422, "invalid_options", f"invalid job options: {exc}", details=[detail]) from exc
+    async with spooled_upload(request, limit=settings.max_upload_bytes) as upload:
+        try:
+            submitted = await run_in_threadpool(
+                store_job_stream,
+                settings,
+                stream=upload.file.file,
+                source=upload.source,
+                spec=spec,
+                name=options.name,
+                input_format=options.input_format,
+            )
+        except InputFileError as exc:
+            raise ApiError.invalid_input(exc) from exc
+    await _enqueue(settings, submitted.job_id, options.chunk_size or settings.chunk_size, background)
+    job = await run_in_threadpool(_load_job, settings, submitted.job_id)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return JobOut.of(job)
+
+
+@router.get("", summary="List jobs, newest first")
+def list_jobs(
+    session: SessionDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+    offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+) -> JobList:
+    rows = crud.list_jobs(session, status=status, limit=limit + 1, offset=offset)
+    more = len(rows) > limit
+    return JobList(
+        data=[JobOut.of(job) for job in rows[:limit]],
+        limit=limit,
+        offset=offset,
+        next_offset=offset + limit if more else None,
+    )
+
+
+@router.get("/{job_id}", summary="A job: status, counts, stats and speedup", responses=error_responses(404))
+def get_job(job: JobDep) -> JobOut:
+    return JobOut.of(job)
+
+
+def _batched(chunks: Iterator[str]) -> Iterator[str]:
+    buffer: list[str] = []
+    size = 0
+    for chunk in chunks:
+        buffer.append(chunk)
+        size += len(chunk)
+        if size >= STREAM_CHUNK_CHARS:
+            yield "".join(buffer)
+            buffer, size = [], 0
+    if buffer:
+        yield "".join(buffer)
+
+
+def _export(settings: Settings, job_id: str, fmt: ResultFormat) -> Iterator[str]:
+    with session_scope(settings.database_url) as session:
+        job = session.get(Job, job_id)
+        yield from _batched(export_job(session, job=job, fmt=fmt))
+
+
+@router.get(
+    "/{job_id}/results",
+    summary="Stream a job's results in input order",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "One record per item in input order (JSONL, CSV, or OpenAI batch lines).",
+            "content": {
+                "application/jsonl": {"schema": {"type": "string"}},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        },
+        **error_responses(404),
+    },
+)
+def job_results(
+    job: JobDep,
+    settings: SettingsDep,
+    fmt: Annotated[
+        ResultFormat, Query(alias="format", description="jsonl, csv or openai.")
+    ] = ResultFormat.JSONL,
+) -> StreamingResponse:
+    """The same records as `genjob results`; items not finished yet appear with their status."""
+    filename = f"{job.id}.{'csv' if fmt is ResultFormat.CSV else 'jsonl'}"
+    return StreamingResponse(
+        _export(settings, job.id, fmt),
+        media_type=MEDIA_TYPES[fmt],
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job", responses=error_responses(404, 409))
+def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
+    """No new items start; the item in flight finishes and is kept. 409 if the job already ended."""
+    if not crud.cancel_job(session, job=job):
+        raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
+    return JobOut.of(job)
+
+
+@router.post(
+    "/{job_id}/requeue", summary="Queue a job's pending items again", responses=error_responses(404, 409, 503)
+)
+async def requeue_job(job: JobDep, settings: SettingsDep, background: BackgroundTasks) -> RequeueOut:
+    """After a broker outage, say. Safe to repeat: workers skip items that are already finished."""
+    if job.status in TERMINAL_JOB_STATUSES:
+        raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
+    chunks = await _enqueue(settings, job.id, settings.chunk_size, background)
+    return RequeueOut(job=JobOut.of(job), chunks=chunks)

@@ -1,0 +1,133 @@
+"""Request options and response bodies of the API (pydantic, so they document the OpenAPI spec)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from genjob import crud
+from genjob.constants import DecodingMode, DraftSchedule, InputFormat, JobStatus
+from genjob.models import Job
+
+NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
+
+
+class JobOptions(BaseModel):
+    """Options of ``POST /v1/jobs``, as query parameters (the body is the JSONL upload).
+
+    Unset options take the CLI's defaults; ranges are checked by the same JobSpec as the CLI's.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(max_length=200, description="A model name from the allow-list (GENJOB_MODELS).")
+    input_format: InputFormat = Field(
+        default=InputFormat.GENJOB, description="genjob lines, or OpenAI batch request lines."
+    )
+    mode: DecodingMode | None = Field(
+        default=None, description="draft (default when the model has a draft), prompt-lookup or none."
+    )
+    max_new_tokens: int | None = Field(default=None, description="New tokens per item unless a line says.")
+    draft_tokens: int | None = Field(
+        default=None, description="γ: draft tokens per round (1..64, default 5)."
+    )
+    schedule: DraftSchedule | None = Field(default=None, description="How γ adapts (default heuristic).")
+    temperature: float | None = Field(default=None, description="0 = greedy (default).")
+    top_p: float | None = Field(default=None, description="Nucleus sampling mass (default 1).")
+    seed: int | None = Field(default=None, description="Seed for sampling; seeded runs repeat exactly.")
+    baseline_fraction: float | None = Field(
+        default=None, description="Share of items also decoded plainly to measure the speedup (default 0.05)."
+    )
+    chunk_size: int | None = Field(default=None, ge=1, le=10_000, description="Items per task message.")
+    name: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=NO_CONTROL_CHARACTERS, description="A name."
+    )
+
+    def spec_options(self) -> dict[str, Any]:
+        """The options that go into the JobSpec (the unset ones left to its defaults)."""
+        return self.model_dump(exclude={"model", "input_format", "chunk_size", "name"}, exclude_none=True)
+
+
+class JobStatsOut(BaseModel):
+    new_tokens: int
+    target_rounds: int
+    draft_proposed: int
+    draft_accepted: int
+    generate_seconds: float
+    acceptance_rate: float | None = Field(description="α: draft tokens accepted / proposed.")
+    mean_accepted_per_round: float | None
+    tokens_per_second: float | None
+    draft_tokens: int | None = Field(description="γ last used.")
+    cost_ratio: float | None = Field(description="c: draft forward time / target forward time.")
+    expected_speedup: float | None
+    measured_speedup: float | None = Field(description="From the A/B against plain decoding.")
+    baseline_items: int
+    lossless_rate: float | None
+    guard_tripped: bool
+    guard_reason: str | None
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str | None
+    status: JobStatus
+    model: str
+    assistant: str | None
+    mode: str
+    queue: str
+    spec: dict[str, Any] = Field(description="The generation options (JobSpec) the workers use.")
+    total: int
+    done: int
+    failed: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    stats: JobStatsOut
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        stats = {name: getattr(job, name) for name in JobStatsOut.model_fields if hasattr(job, name)}
+        derived = asdict(crud.job_stats(job))
+        stats.update({name: value for name, value in derived.items() if name in JobStatsOut.model_fields})
+        return cls(
+            id=job.id,
+            name=job.name,
+            status=JobStatus(job.status),
+            model=job.model,
+            assistant=job.assistant,
+            mode=job.mode,
+            queue=job.queue,
+            spec=job.spec,
+            total=job.total,
+            done=job.done,
+            failed=job.failed,
+            error=job.error,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            expires_at=job.expires_at,
+            stats=JobStatsOut(**stats),
+        )
+
+
+class JobList(BaseModel):
+    data: list[JobOut] = Field(description="Newest first.")
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="Offset of the next page; null on the last page.")
+
+
+class RequeueOut(BaseModel):
+    job: JobOut
+    chunks: int = Field(description="Task messages pushed for the job's pending items.")
+
+
+class HealthOut(BaseModel):
+    status: str = Field(description="ok, or unavailable when a dependency fails (HTTP 503).")
+    database: str
+    broker: str

@@ -1,0 +1,139 @@
+"""Receive a JSONL upload (multipart file or raw ``application/jsonl`` body) into a spooled temp file.
+
+The size limit (``GENJOB_MAX_UPLOAD_BYTES``) is enforced while the body streams in: a declared
+``Content-Length`` over it is refused before reading, and a body that grows past it (chunked, or a
+lying header) is cut off at the limit with ``413``. Small uploads stay in memory, larger ones roll
+over to a temporary file on disk; either way it is gone when the request ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from tempfile import SpooledTemporaryFile
+
+from fastapi import Request
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from api.errors import ApiError
+
+SPOOL_MEMORY_BYTES = 1 << 20  # beyond this the spool rolls over to disk
+MULTIPART_OVERHEAD_BYTES = 64 << 10  # boundaries and part headers around the file
+UPLOAD_FIELD = "file"
+JSONL_MEDIA_TYPES = frozenset(
+    {"application/jsonl", "application/x-ndjson", "application/jsonlines", "application/x-jsonlines"}
+)
+MULTIPART_MEDIA_TYPE = "multipart/form-data"
+
+# The request body the OpenAPI spec documents for POST /v1/jobs.
+UPLOAD_REQUEST_BODY = {
+    "required": True,
+    "description": f"The prompts, one JSON object per line: a multipart part named '{UPLOAD_FIELD}', "
+    "or the raw body as application/jsonl (also application/x-ndjson).",
+    "content": {
+        MULTIPART_MEDIA_TYPE: {
+            "schema": {
+                "type": "object",
+                "required": [UPLOAD_FIELD],
+                "properties": {UPLOAD_FIELD: {"type": "string", "format": "binary"}},
+            }
+        },
+        "application/jsonl": {
+            "schema": {"type": "string", "format": "binary"},
+            "example": '{"prompt": "def fib(n):", "id": "q1"}\n{"prompt": "import os", "id": "q2"}\n',
+        },
+    },
+}
+
+
+@dataclass
+class Upload:
+    file: UploadFile  # positioned at its start
+    source: str  # how errors name it: the file name, or "upload"
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        "payload_too_large",
+        f"the upload is larger than the limit of {limit} bytes (GENJOB_MAX_UPLOAD_BYTES)",
+    )
+
+
+async def _limited(stream: AsyncIterator[bytes], limit: int, upload_limit: int) -> AsyncIterator[bytes]:
+    size = 0
+    async for chunk in stream:
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(upload_limit)
+        yield chunk
+
+
+async def _spool_body(request: Request, limit: int) -> Upload:
+    spool = SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 (closed by spooled_upload)
+    upload = UploadFile(spool, size=0, filename=None)
+    try:
+        async for chunk in _limited(request.stream(), limit, limit):
+            await upload.write(chunk)
+        await upload.seek(0)
+    except BaseException:
+        await upload.close()
+        raise
+    return Upload(file=upload, source="upload")
+
+
+async def _spool_multipart(request: Request, limit: int) -> Upload:
+    stream = _limited(request.stream(), limit + MULTIPART_OVERHEAD_BYTES, limit)
+    parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=8, max_part_size=64 << 10)
+    parser.spool_max_size = SPOOL_MEMORY_BYTES
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise ApiError(400, "bad_request", f"invalid multipart body: {exc.message}") from exc
+    try:
+        unexpected = [key for key in form if key != UPLOAD_FIELD]
+        if unexpected:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"unexpected form field {unexpected[0]!r}: send only the file part '{UPLOAD_FIELD}'; "
+                "job options are query parameters",
+            )
+        upload = form.get(UPLOAD_FIELD)
+        if not isinstance(upload, UploadFile):
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"the multipart body needs a file part named '{UPLOAD_FIELD}' "
+                f"(curl -F {UPLOAD_FIELD}=@prompts.jsonl)",
+            )
+        if upload.size is not None and upload.size > limit:
+            raise _too_large(limit)
+    except BaseException:
+        await form.close()
+        raise
+    return Upload(file=upload, source=(upload.filename or "upload")[:200])
+
+
+@asynccontextmanager
+async def spooled_upload(request: Request, *, limit: int) -> AsyncIterator[Upload]:
+    """The request's upload, spooled within ``limit`` bytes; closed (and deleted) on exit."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    multipart = media_type == MULTIPART_MEDIA_TYPE
+    if not multipart and media_type not in JSONL_MEDIA_TYPES:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the prompts as {MULTIPART_MEDIA_TYPE} (a part named '{UPLOAD_FIELD}') "
+            f"or as application/jsonl, not {media_type or 'a body without Content-Type'}",
+        )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + (MULTIPART_OVERHEAD_BYTES if multipart else 0):
+        raise _too_large(limit)
+    upload = await (_spool_multipart(request, limit) if multipart else _spool_body(request, limit))
+    try:
+        yield upload
+    finally:
+        await upload.file.close()

@@ -1,0 +1,73 @@
+"""Property-based: schemathesis drives every operation of the API's own OpenAPI spec, with valid and
+invalid inputs (and valid uploads, so the 201 path runs too); no request may answer 500."""
+
+from __future__ import annotations
+
+import schemathesis
+from api_helpers import AUTH, jsonl
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+
+from api.app import create_app
+from genjob.settings import Settings
+
+# The raw JSONL body is bytes on the wire, like application/octet-stream.
+schemathesis.serializer.alias("application/jsonl", "application/octet-stream")
+
+CASES_PER_OPERATION = 25  # about 200 requests in all, well under a minute
+VALID_UPLOAD = jsonl([{"prompt": "def f(x):", "id": "a"}, {"prompt": "import os"}])
+
+
+def case_strategies(operation, job_id: str) -> st.SearchStrategy:
+    """Valid and invalid cases, plus ones that reach the success paths: a good upload, a real job."""
+    strategies = [
+        operation.as_strategy(GenerationMode.POSITIVE),
+        operation.as_strategy(GenerationMode.NEGATIVE),
+    ]
+    if operation.method.upper() == "POST" and operation.path == "/v1/jobs":
+        strategies.append(
+            operation.as_strategy(query={"model": "tiny"}, body=VALID_UPLOAD, media_type="application/jsonl")
+        )
+    if "{job_id}" in operation.path:
+        strategies.append(operation.as_strategy(path_parameters={"job_id": job_id}))
+    return st.one_of(strategies)
+
+
+def test_no_server_errors(api_settings: Settings) -> None:
+    app = create_app(api_settings)
+    upload = TestClient(app, headers=AUTH).post(
+        "/v1/jobs", params={"model": "tiny"}, files={"file": ("p.jsonl", VALID_UPLOAD)}
+    )
+    job_id = upload.json()["id"]
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {f"{op.method.upper()} {op.path}" for op in operations} == {
+        "GET /healthz",
+        "POST /v1/jobs",
+        "GET /v1/jobs",
+        "GET /v1/jobs/{job_id}",
+        "GET /v1/jobs/{job_id}/results",
+        "POST /v1/jobs/{job_id}/cancel",
+        "POST /v1/jobs/{job_id}/requeue",
+    }
+    statuses: dict[str, set[int]] = {}
+    for operation in operations:
+
+        @given(case=case_strategies(operation, job_id))
+        @settings(
+            max_examples=CASES_PER_OPERATION,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def run(case) -> None:
+            response = case.call_and_validate(headers=AUTH, checks=[not_a_server_error])
+            statuses.setdefault(case.operation.label, set()).add(response.status_code)
+
+        run()
+    assert 201 in statuses["POST /v1/jobs"], statuses
+    assert 200 in statuses["GET /v1/jobs/{job_id}/results"], statuses

@@ -1,0 +1,83 @@
+"""`genjob flower` beside a real `genjob worker`: Flower's HTTP API sees the worker online and the
+job's chunk tasks (readable name, job id in the arguments) succeed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import write_jsonl
+from process_helpers import GENJOB, free_port, running, service_env, wait_for
+
+pytestmark = pytest.mark.integration
+
+FLOWER_USER = ("ops", "s3cret")
+
+
+def test_flower_watches_the_worker_and_its_tasks(
+    pg_url: str, queue_name: str, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    target, draft = tiny_pair
+    env = service_env(pg_url, queue_name)
+    worker_name = f"{queue_name}@{socket.gethostname()}"
+    port = free_port()
+    flower_argv = [GENJOB, "flower", "--port", str(port), f"--basic-auth={':'.join(FLOWER_USER)}"]
+    worker_argv = [GENJOB, "worker", "-Q", queue_name, "-c", "1", "-n", f"{queue_name}@%h"]
+    flower = httpx.Client(base_url=f"http://127.0.0.1:{port}", auth=FLOWER_USER, timeout=10)
+
+    with running(flower_argv, env, tmp_path / "flower.log"):
+        wait_for(lambda: flower.get("/healthcheck").status_code == 200, timeout=60, what="Flower")
+        assert httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=10).status_code == 401
+        with running(worker_argv, env, tmp_path / "worker.log"):
+            alive = wait_for(
+                lambda: flower.get("/api/workers", params={"status": 1}).json().get(worker_name),
+                timeout=90,
+                what=f"worker {worker_name} online in Flower",
+            )
+            assert alive is True
+            inspected = flower.get("/api/workers", params={"refresh": 1, "workername": worker_name}).json()
+            assert [q["name"] for q in inspected[worker_name]["active_queues"]] == [queue_name]
+
+            lines = [json.dumps({"prompt": f"def f{i}(x):", "id": f"q{i}"}) for i in range(6)]
+            path = write_jsonl(tmp_path / "p.jsonl", lines)
+            argv = [GENJOB, "submit", str(path), "-m", str(target), "-a", str(draft), "--chunk-size", "2"]
+            submitted = subprocess.run(
+                [*argv, "--max-new-tokens", "8"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            job_id = submitted.stdout.strip()
+
+            def job_tasks() -> dict[str, dict]:
+                tasks = flower.get(
+                    "/api/tasks", params={"workername": worker_name, "taskname": "genjob.generate_chunk"}
+                ).json()
+                return {
+                    task_id: task for task_id, task in tasks.items() if job_id in (task.get("args") or "")
+                }
+
+            tasks = wait_for(
+                lambda: (
+                    (found := job_tasks())
+                    and len(found) == 3
+                    and all(t["state"] == "SUCCESS" for t in found.values())
+                    and found
+                ),
+                timeout=180,
+                what="the job's 3 chunk tasks to succeed in Flower",
+            )
+    assert {task["name"] for task in tasks.values()} == {"genjob.generate_chunk"}
+    assert {task["worker"] for task in tasks.values()} == {worker_name}
+    assert all(task["args"].startswith(f"('{job_id}', [") for task in tasks.values())
+    assert sorted(json.loads(task["result"].replace("'", '"'))["done"] for task in tasks.values()) == [
+        2,
+        2,
+        2,
+    ]
