@@ -1,7 +1,8 @@
 """Plain vs assisted decoding (draft model, prompt lookup) on the same prompts, in one process.
 
 Prints one row per mode: acceptance rate α, cost ratio c, the expected speedup of Leviathan et al.
-(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with γ the mean number of tokens proposed per round, the measured
+(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with γ the mean number of tokens proposed per round and α the i.i.d.
+acceptance probability that explains the observed tokens per round (as `genjob stats` does), the measured
 speedup (plain time / mode time over the same prompts), tokens/s and the lossless rate (greedy outputs
 equal to plain greedy). Runs are interleaved per prompt (plain, then each mode) so that machine noise
 hits every mode alike.
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from genjob.constants import DecodingMode, DraftSchedule
-from genjob.crud import expected_speedup
+from genjob.crud import expected_speedup, iid_acceptance
 from worker.engine import DecodeOptions, Engine, cost_ratio
 from worker.loading import load_model, load_tokenizer
 
@@ -109,7 +110,11 @@ def main() -> None:
         ratio = engines[name][1]
         alpha = t.accepted / t.proposed if t.proposed else None
         gamma = t.proposed / t.rounds if t.rounds else 0
-        expected = expected_speedup(alpha, max(1, round(gamma)), ratio) if alpha is not None else 1.0
+        tokens_per_round = t.new_tokens / t.rounds
+        expected = 1.0
+        if alpha is not None:  # Leviathan's i.i.d. α that explains the observed tokens per round
+            g = max(1, round(gamma))
+            expected = expected_speedup(iid_acceptance(tokens_per_round, g), g, ratio)
         print(
             f"| {name:<22} | {'-' if alpha is None else f'{alpha:.3f}':<5} | {gamma:4.1f} | "
             f"{t.new_tokens / t.rounds:9.2f} | {expected:7.2f}x | {plain.seconds / t.seconds:7.2f}x | "

@@ -315,14 +315,32 @@ def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * cost_ratio + 1))
 
 
+def iid_acceptance(tokens_per_round: float, gamma: int) -> float:
+    """The per-token acceptance probability α of Leviathan et al.'s i.i.d. model that yields the
+    observed mean tokens per round: solve (1 − α^(γ+1)) / (1 − α) = tokens_per_round by bisection."""
+    if tokens_per_round >= gamma + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if sum(mid**k for k in range(gamma + 1)) < tokens_per_round:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
 def job_stats(job: Job) -> JobStats:
-    """Aggregates of a job. α = accepted / proposed; the expected speedup uses the mean number of
-    tokens proposed per round as γ (the heuristic schedule varies it) and the measured c."""
+    """Aggregates of a job. The acceptance rate shown is accepted / proposed. The expected speedup
+    applies Leviathan et al.'s formula with γ = the mean tokens proposed per round (the heuristic
+    schedule varies it), the measured c, and the i.i.d. α that explains the observed tokens per round
+    (accepted / proposed understates it when γ runs long)."""
     alpha = job.draft_accepted / job.draft_proposed if job.draft_proposed else None
     expected = None
     if alpha is not None and job.target_rounds and job.cost_ratio is not None:
         gamma = max(1, round(job.draft_proposed / job.target_rounds))
-        expected = expected_speedup(alpha, gamma, job.cost_ratio)
+        tokens_per_round = (job.target_rounds + job.draft_accepted) / job.target_rounds
+        expected = expected_speedup(iid_acceptance(tokens_per_round, gamma), gamma, job.cost_ratio)
     greedy = not (job.spec or {}).get("temperature")
     return JobStats(
         acceptance_rate=alpha,

@@ -14,7 +14,8 @@ $genjob results "$job" | .venv/bin/python -c '
 import json, sys
 for line in sys.stdin:
     r = json.loads(line)
-    print(f"--- {r[\"id\"] or r[\"index\"]} ({r[\"status\"]}, {r[\"new_tokens\"]} tokens)")
+    name = r["id"] or r["index"]
+    print("--- %s (%s, %s new tokens, %s rounds)" % (name, r["status"], r["new_tokens"], r["target_rounds"]))
     print(r["output"] if r["output"] is not None else r["error"])
 '
 echo
