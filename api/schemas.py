@@ -43,7 +43,7 @@ class JobOptions(BaseModel):
     )
     batch_size: int | None = Field(
         default=None,
-        description="Prompts decoded together per forward pass (1..256; default GENJOB_BATCH_SIZE or a probe).",
+        description="Prompts per forward pass (1..256; default GENJOB_BATCH_SIZE or a probe of the device).",
     )
     chunk_size: int | None = Field(default=None, ge=1, le=10_000, description="Items per task message.")
     name: str | None = Field(

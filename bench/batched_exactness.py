@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import sysconfig
+from pathlib import Path
 
 import torch
 
 from worker import batched
 from worker.batched import BatchRequest, speculative_decode_batch
-from worker.loading import load_model
+from worker.loading import load_model, load_tokenizer
 
 log = logging.getLogger("bench.batched_exactness")
 
@@ -80,9 +82,7 @@ def recording_verify(records: list):
 
     def verify(target, batch, drafts, max_positions):
         tokens = torch.cat([batch.pending[:, None], drafts], 1)
-        steps = torch.arange(tokens.shape[1])
-        positions = batched._clamp(batch.positions()[:, None] + steps, max_positions)
-        logits = batched.forward_step(target, batch.caches[0], batch.mask, tokens, positions)
+        logits = batched.forward_step(target, batch.caches[0], batch.lengths, tokens, max_positions)
         keys = [row.request.key for row in batch.rows]
         starts = [len(row.tokens) for row in batch.rows]  # index of the pending token in the output
         records.append((keys, starts, tokens, logits))
@@ -100,12 +100,26 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--draft-tokens", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", action="store_true", help="stdlib source lines instead of random ids")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     target, draft = load_model(args.target), load_model(args.draft)
     rng = random.Random(args.seed)
-    vocab = target.config.vocab_size
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 40))] for _ in range(args.prompts)]
+    if args.text:  # line starts of stdlib files the demo pair was not trained on
+        tokenizer = load_tokenizer(args.target)
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        lines = [
+            line.strip()
+            for name in ("inspect.py", "optparse.py", "socketserver.py", "heapq.py")
+            for line in (stdlib / name).read_text(encoding="utf-8").splitlines()
+            if len(line.strip()) > 12
+        ]
+        prompts = [
+            tokenizer(line)["input_ids"][: rng.randint(4, 40)] for line in rng.sample(lines, args.prompts)
+        ]
+    else:
+        vocab = target.config.vocab_size
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 40))] for _ in range(args.prompts)]
     requests = [
         BatchRequest(key=i, input_ids=p, max_new_tokens=args.max_new_tokens) for i, p in enumerate(prompts)
     ]

@@ -12,29 +12,33 @@ target's own choice after p, d_1..d_{j-1}. The row accepts a_i = the longest pre
 tokens, each the target's greedy choice given the tokens before it, so the output is the target's
 plain greedy decode, only with fewer target passes.
 
-Layout: one left-padded batch, realigned every round. Both caches (target and draft) hold, for
-every row, the K/V of all its tokens but the last, right-aligned: shape (B, heads, S, head_dim)
-with a mask (B, S) that is False on each row's left padding. A row's next position is its mask
-count, passed as explicit ``position_ids``; the 4-D attention mask (B, 1, q, S + q) is built
-here (cache mask + causal block), so transformers never guesses positions from padding. After a
-round the γ+1 new cache columns are kept only up to each row's a_i; rows with fewer accepted
-tokens are shifted right (one ``gather`` per layer) so every row is again contiguous and
-right-aligned, and columns that are padding in every row are dropped. We chose realigning over
-keeping masked holes: the cache never grows past the longest row, the state is always the plain
-left-padded batch that refill and row removal need anyway, and the gather costs about what
-``DynamicCache`` already spends per forward on ``torch.cat``. When every row kept the same
-count the realign is a crop (no copy).
-The draft cache must follow the same layout; after a round where some row accepted all γ
-drafts, the draft has not yet seen d_γ, so it reads d_γ once more (one batched one-token pass)
-before the realign. Rows that finish (EOS or their own max_new_tokens) leave the batch; new
-requests are pulled lazily from an iterator, prefilled alone and left-padded into the batch.
+Layout: B slots, each row at its own length (right padding, stale columns masked). Both caches
+(target and draft) are a ``SlotCache``: per layer, preallocated K/V buffers (B, heads, capacity,
+head_dim); row i holds the K/V of all its tokens but the last in columns 0..lengths_i-1. A forward
+of q new tokens writes row i's K/V at columns lengths_i..lengths_i+q-1 (one indexed write per
+layer, no concatenation), uses positions lengths_i + j (explicit ``position_ids``) and a 4-D mask
+(B, 1, q, width) built here: query j of row i sees columns <= lengths_i + j, so transformers never
+guesses positions from padding. After verification row i simply sets lengths_i += a_i + 1: the
+rejected drafts' K/V stay behind as stale columns, masked, and are overwritten next round. We
+chose this over the two layouts that keep one common length (left padding re-aligned by shifting
+rows every round, or masked holes that pile up mid-sequence): nothing is copied per round (a
+first version realigned with a gather per layer and spent ~20 % of its time there), attention
+reads only up to the longest row, and a finished row's slot is simply refilled: the next
+request is prefilled alone and its cache copied into the free slot, other rows untouched. Free
+slots are dropped (one copy) only once no request is left.
+The draft cache holds the same tokens. A row that accepted all γ drafts has d_γ in its output but
+not in the draft's cache (d_γ was the draft's output, never its input), so each round the
+draft's first forward reads [previous token, p] instead of [p], writing column lengths_i-1 again
+for every row (recomputed draft K/V: only proposals depend on it, never the output).
 
 Exactness. Each prompt is prefilled alone with exactly the inputs transformers' ``generate``
-passes, so the prompt's cache and the first new token are bit-identical to plain greedy
-decoding. Later tokens come from wider matrix products (B·(γ+1) rows instead of 1) and masked
-attention, whose float sums round differently (CPU GEMMs are not row-invariant in M), so
-logits differ from the unbatched ones by float noise (~1e-6); the argmax differs only at a
-near-tie. See tests/worker/test_batched.py and docs/benchmarks.md for the measured evidence.
+passes, so its cache and its first new token are bit-identical to plain greedy decoding. Later
+logits come from wider matrix products (B·(γ+1) rows instead of 1) and masked attention over
+stale columns, whose float sums round differently (CPU GEMMs are not row-invariant in M, exactly
+as in transformers' own batch-1 assisted generation, which verifies γ+1 rows at once), so they
+differ from plain decoding's by float noise (measured ≤ 1.2e-5 on the demo pair, the same as
+transformers' assisted generation); the argmax could differ only where the top two logits are
+closer than that. bench/batched_exactness.py measures both; docs/benchmarks.md has the numbers.
 
 Stats per row (add up exactly): the prefill is a round of its own that yields the first token,
 each verify round yields accepted + 1 tokens, so new_tokens = target_rounds + draft_accepted.
@@ -55,9 +59,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from worker.engine import Decoded, DecodeStats
 
@@ -88,23 +91,88 @@ class _Row:
         return self.request.max_new_tokens - len(self.tokens)
 
 
-# --- model calls -------------------------------------------------------------------------------
+# --- the batch's caches: B slots, each row at its own length -----------------------------------
+
+
+class _Cursor:
+    """Where the current forward writes: (B, q) row and column indices, and the columns it reads."""
+
+    rows: torch.Tensor
+    columns: torch.Tensor
+    width: int
+
+
+class _SlotLayer(DynamicLayer):
+    """One layer's K/V for every slot in buffers (B, heads, capacity, head_dim). ``update`` writes
+    the q new columns of row i at columns lengths_i .. lengths_i + q - 1 and returns the first
+    ``width`` columns (views, no copy); columns past a row's length are stale and masked."""
+
+    def __init__(self, cursor: _Cursor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.cursor, self.keys, self.values = cursor, keys, values
+        self.device, self.is_initialized = keys.device, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        cursor = self.cursor  # key_states (B, heads, q, head_dim) -> (B, q, heads, head_dim) slots
+        self.keys.transpose(1, 2)[cursor.rows, cursor.columns] = key_states.transpose(1, 2)
+        self.values.transpose(1, 2)[cursor.rows, cursor.columns] = value_states.transpose(1, 2)
+        return self.keys[:, :, : cursor.width], self.values[:, :, : cursor.width]
+
+    def get_seq_length(self) -> int:
+        return self.cursor.width
+
+
+class SlotCache(Cache):
+    """A transformers ``Cache`` of B slots; every forward appends at each row's own length."""
+
+    def __init__(self, template: DynamicCache, slots: int, capacity: int) -> None:
+        self.cursor = _Cursor()
+        layers = []
+        for layer in template.layers:  # (1, heads, L, head_dim) from a prefill
+            shape = (slots, layer.keys.shape[1], capacity, layer.keys.shape[3])
+            zeros = [layer.keys.new_zeros(shape), layer.values.new_zeros(shape)]  # zeros: finite
+            layers.append(_SlotLayer(self.cursor, *zeros))
+        super().__init__(layers=layers)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].keys.shape[2]
+
+    def place(self, slot: int, prefilled: DynamicCache) -> None:
+        """Copy a single prompt's prefill cache into columns 0..L-1 of ``slot``."""
+        for layer, source in zip(self.layers, prefilled.layers, strict=True):
+            length = source.keys.shape[2]
+            layer.keys[slot, :, :length] = source.keys[0]
+            layer.values[slot, :, :length] = source.values[0]
+
+    def resize(self, slots: torch.Tensor, capacity: int) -> None:
+        """Keep the slots ``slots`` (in that order; -1 = a new empty slot), with ``capacity`` columns."""
+        for layer in self.layers:
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                new = old.new_zeros(len(slots), old.shape[1], capacity, old.shape[3])
+                kept = slots >= 0
+                width = min(capacity, old.shape[2])
+                new[kept, :, :width] = old[slots[kept], :, :width]
+                setattr(layer, name, new)
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; accept either."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return _CACHE_KWARG.setdefault(
+        type(model), "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
 
 
-def _attention_mask(model: PreTrainedModel, cache_mask: torch.Tensor, q: int) -> torch.Tensor:
-    """(B, 1, q, S + q): row i's query j sees its own cache columns and new tokens 0..j."""
-    b = cache_mask.shape[0]
-    causal = torch.ones(q, q, dtype=torch.bool, device=cache_mask.device).tril()
-    allowed = torch.cat([cache_mask[:, None, None, :].expand(b, 1, q, -1), causal.expand(b, 1, q, q)], -1)
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def _attention_mask(model: PreTrainedModel, allowed: torch.Tensor) -> torch.Tensor:
+    """The boolean (B, 1, q, width) mask as this model's attention wants it."""
     implementation = model.config._attn_implementation
     if implementation == "sdpa":
         return allowed
-    if implementation == "eager":  # additive mask
+    if implementation == "eager":  # additive
         zero = torch.zeros((), dtype=model.dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(model.dtype).min)
     raise NotImplementedError(f"batched decoding supports eager and sdpa attention, not {implementation!r}")
@@ -112,16 +180,32 @@ def _attention_mask(model: PreTrainedModel, cache_mask: torch.Tensor, q: int) ->
 
 def forward_step(
     model: PreTrainedModel,
-    cache: DynamicCache,
-    cache_mask: torch.Tensor,
+    cache: SlotCache,
+    lengths: torch.Tensor,
     input_ids: torch.Tensor,
-    positions: torch.Tensor,
+    max_positions: int | None = None,
 ) -> torch.Tensor:
-    """One batched forward of (B, q) new tokens on a left-padded cache; returns logits (B, q, V)."""
-    q = input_ids.shape[1]
+    """One batched forward of (B, q) new tokens, row i's at positions lengths_i + 0..q-1; it sees
+    its own first lengths_i cached columns and, causally, the new ones. Returns logits (B, q, V).
+
+    Tokens past a row's end (drafts it can never accept) may index past a learned position table;
+    they are never kept and only later tokens see them, so their positions are clamped."""
+    b, q = input_ids.shape
+    steps = torch.arange(q, device=input_ids.device)
+    positions = lengths[:, None] + steps  # (B, q)
+    width = int(lengths.max()) + q
+    cursor = cache.cursor
+    cursor.rows, cursor.columns, cursor.width = (
+        torch.arange(b, device=steps.device)[:, None].expand(b, q),
+        positions,
+        width,
+    )
+    allowed = torch.arange(width, device=steps.device) <= positions[:, :, None]  # (B, q, width)
+    if max_positions is not None:
+        positions = positions.clamp(max=max_positions - 1)
     out = model(
         input_ids=input_ids,
-        attention_mask=_attention_mask(model, cache_mask, q),
+        attention_mask=_attention_mask(model, allowed[:, None]),
         position_ids=positions,
         use_cache=True,
         **{_cache_kwarg(model): cache},
@@ -146,105 +230,84 @@ def prefill(model: PreTrainedModel, input_ids: list[int]) -> tuple[int, DynamicC
     return int(out.logits[0, -1].argmax()), cache
 
 
-# --- the batch's caches --------------------------------------------------------------------------
-
-
 class _Batch:
-    """Rows decoding together: both caches share one left-padded layout and its mask (B, S)."""
+    """The rows decoding together, one per slot of both caches (target, draft), which hold the
+    same tokens: every row's tokens but its last (``pending``), ``lengths`` of them (the draft's
+    column lengths-1, ``previous``, may be stale; the draft rewrites it each round)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.rows: list[_Row] = []
-        self.caches: list[DynamicCache] = []  # [target] or [target, draft]
-        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=device)  # (B, S): real token columns
-        self.pending = torch.zeros(0, dtype=torch.long, device=device)  # (B,): last tokens, in no cache
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+        self.rows: list[_Row | None] = []
+        self.caches: list[SlotCache] = []  # [target] or [target, draft]
+        self.lengths = torch.zeros(0, dtype=torch.long)  # (B,): cached tokens = pending's position
+        self.pending = torch.zeros(0, dtype=torch.long)  # (B,): last tokens, in no cache yet
+        self.previous = torch.zeros(0, dtype=torch.long)  # (B,): the tokens before them
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return sum(row is not None for row in self.rows)
 
-    def positions(self) -> torch.Tensor:
-        """(B,) position of each row's pending token = the number of its tokens in the caches."""
-        return self.mask.sum(1)
-
-    def add(self, rows: list[_Row], row_caches: list[list[DynamicCache]]) -> None:
-        """Left-pad the batch and the new single-row caches to a common length and stack them."""
-        device = self.mask.device
-        masks = [torch.ones(1, c[0].get_seq_length(), dtype=torch.bool, device=device) for c in row_caches]
-        sources = row_caches
-        pending = [torch.tensor([row.tokens[-1] for row in rows], dtype=torch.long, device=device)]
-        if self.rows:
-            masks, sources, pending = [self.mask, *masks], [self.caches, *sources], [self.pending, *pending]
-        else:
-            self.caches = row_caches[0]  # adopt its cache objects; their tensors are replaced below
-        width = max(mask.shape[1] for mask in masks)
-        self.mask = torch.cat([F.pad(mask, (width - mask.shape[1], 0), value=False) for mask in masks])
-        for which, cache in enumerate(self.caches):
-            for index, layer in enumerate(cache.layers):
-                for name in ("keys", "values"):
-                    tensors = [getattr(caches[which].layers[index], name) for caches in sources]
-                    padded = [F.pad(t, (0, 0, width - t.shape[2], 0)) for t in tensors]  # zeros: finite
-                    setattr(layer, name, torch.cat(padded))
-        self.rows += rows
-        self.pending = torch.cat(pending)
-
-    def realign(self, rows: torch.Tensor, keep: torch.Tensor) -> None:
-        """Keep ``rows`` and, per row, the new cache columns where ``keep`` (B, n) is True, then
-        right-align every row again and drop all-padding columns (see the module docstring)."""
-        full = torch.cat([self.mask, keep], 1)[rows]  # (B', S + n)
-        if len(rows) == len(self.rows) and bool((keep == keep[:1]).all()):
-            width = self.mask.shape[1] + int(keep[0].sum())  # all rows kept the same prefix: a crop
-            for cache in self.caches:
-                _map_layers(cache, lambda t: t[:, :, :width])
-            self.mask = full[:, :width]
-            return
-        kept = full.sum(1)  # (B',)
-        width = int(kept.max())
-        slot = torch.where(full, full.cumsum(1) - 1 + (width - kept)[:, None], width)  # dummy slot = width
-        columns = torch.arange(full.shape[1], device=full.device).expand_as(full)
-        index = torch.zeros(len(rows), width + 1, dtype=torch.long, device=full.device)
-        index = index.scatter(1, slot, columns)[:, :width]  # (B', width): source column of each slot
-        for cache in self.caches:
-            _map_layers(
-                cache,
-                lambda t: t[rows].gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])),
+    def add(self, rows: list[_Row], prefilled: list[list[DynamicCache]]) -> None:
+        """Put new rows into free slots (growing the slots or the columns if needed)."""
+        need = max(row.request.max_new_tokens + len(row.request.input_ids) for row in rows) + self.gamma + 1
+        free = [slot for slot, row in enumerate(self.rows) if row is None]
+        if not self.caches:
+            self.caches = [SlotCache(cache, len(rows), need) for cache in prefilled[0]]
+            self.rows = [None] * len(rows)
+            self.lengths = torch.zeros(
+                len(rows), dtype=torch.long, device=self.caches[0].layers[0].keys.device
             )
-        self.mask = torch.arange(width, device=full.device)[None] >= (width - kept)[:, None]
+            self.pending = torch.zeros_like(self.lengths)
+            self.previous = torch.zeros_like(self.lengths)
+            free = list(range(len(rows)))
+        elif len(free) < len(rows) or need > self.caches[0].capacity:
+            grow = len(rows) - len(free) if len(free) < len(rows) else 0
+            self._resize(list(range(len(self.rows))) + [-1] * grow, max(need, self.caches[0].capacity))
+            free += list(range(len(self.rows) - grow, len(self.rows)))
+        for slot, row, caches in zip(free, rows, prefilled, strict=False):
+            for cache, source in zip(self.caches, caches, strict=True):
+                cache.place(slot, source)
+            self.rows[slot] = row
+            self.lengths[slot] = len(row.request.input_ids)
+            self.pending[slot] = row.tokens[-1]
+            self.previous[slot] = row.request.input_ids[-1]
 
+    def compact(self) -> None:
+        """Drop free slots (once no request is left to fill them)."""
+        keep = [slot for slot, row in enumerate(self.rows) if row is not None]
+        if len(keep) < len(self.rows):
+            self._resize(keep, self.caches[0].capacity)
 
-def _expand(index: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-    """(B, width) column index -> (B, heads, width, head_dim) for ``gather`` on dim 2."""
-    return index[:, None, :, None].expand(-1, cache.shape[1], -1, cache.shape[3])
-
-
-def _map_layers(cache: DynamicCache, fn) -> None:
-    """Apply ``fn`` to every layer's keys and values (B, heads, S, head_dim)."""
-    for layer in cache.layers:
-        layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+    def _resize(self, slots: list[int], capacity: int) -> None:
+        index = torch.tensor(slots, dtype=torch.long, device=self.lengths.device)
+        for cache in self.caches:
+            cache.resize(index, capacity)
+        old_rows, kept = self.rows, index.clamp(min=0)
+        self.rows = [old_rows[s] if s >= 0 else None for s in slots]
+        self.lengths = torch.where(index >= 0, self.lengths[kept], 0)
+        self.pending = torch.where(index >= 0, self.pending[kept], 0)
+        self.previous = torch.where(index >= 0, self.previous[kept], 0)
 
 
 # --- one round -----------------------------------------------------------------------------------
 
 
-def _clamp(positions: torch.Tensor, max_positions: int | None) -> torch.Tensor:
-    """Tokens past a row's end (drafts it can never accept) may index past a learned position
-    table; they are dropped after the round and only later tokens attend to them, so clamp."""
-    return positions if max_positions is None else positions.clamp(max=max_positions - 1)
-
-
 def draft_propose(
     draft: PreTrainedModel, batch: _Batch, gamma: int, max_positions: int | None
 ) -> torch.Tensor:
-    """γ greedy draft tokens per row, (B, γ): γ one-token forwards of the whole batch.
+    """γ greedy draft tokens per row, (B, γ), in γ batched forwards.
 
-    The draft reads the pending token p, then its own d_1..d_{γ-1}; its cache gains γ columns."""
-    cache, mask = batch.caches[1], batch.mask
-    tokens, start = batch.pending[:, None], batch.positions()
+    The first reads [previous, p] (B, 2) at positions lengths-1, lengths: a row that accepted all
+    γ drafts last round has not given the draft its last draft token's K/V yet (it was the
+    draft's own output, never its input), and rewriting that column for the other rows costs
+    less than a separate catch-up pass. Then d_1..d_{γ-1}, one token each, at lengths + k."""
+    tokens = torch.stack([batch.previous, batch.pending], 1)
     proposed = []
     for k in range(gamma):
-        logits = forward_step(draft, cache, mask, tokens, _clamp(start[:, None] + k, max_positions))
-        mask = F.pad(mask, (0, 1), value=True)
+        start = batch.lengths - 1 if k == 0 else batch.lengths + k
+        logits = forward_step(draft, batch.caches[1], start, tokens, max_positions)
         tokens = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         proposed.append(tokens)
-    return torch.cat(proposed, 1) if proposed else tokens.new_zeros(len(batch), 0)
+    return torch.cat(proposed, 1)
 
 
 def verify(
@@ -252,12 +315,9 @@ def verify(
 ) -> torch.Tensor:
     """The target's greedy choice at each of the γ+1 positions, (B, γ+1), in one forward.
 
-    Input [p, d_1..d_γ] (B, γ+1): t_j = argmax after p, d_1..d_{j-1}; the target cache gains γ+1
-    columns."""
+    Input [p, d_1..d_γ] (B, γ+1): t_j = argmax after p, d_1..d_{j-1}."""
     tokens = torch.cat([batch.pending[:, None], drafts], 1)
-    steps = torch.arange(tokens.shape[1], device=tokens.device)
-    positions = _clamp(batch.positions()[:, None] + steps, max_positions)
-    return forward_step(target, batch.caches[0], batch.mask, tokens, positions).argmax(-1)
+    return forward_step(target, batch.caches[0], batch.lengths, tokens, max_positions).argmax(-1)
 
 
 def accepted_counts(drafts: torch.Tensor, chosen: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
@@ -268,38 +328,28 @@ def accepted_counts(drafts: torch.Tensor, chosen: torch.Tensor, limits: torch.Te
     return torch.minimum(matches.cumprod(1).sum(1), limits)
 
 
-def _catch_up_draft(
-    draft: PreTrainedModel, batch: _Batch, drafts: torch.Tensor, max_positions: int | None
-) -> None:
-    """Feed d_γ to the draft so its cache, like the target's, holds [p, d_1..d_γ] (one forward)."""
-    gamma = drafts.shape[1]
-    mask = F.pad(batch.mask, (0, gamma), value=True)
-    positions = _clamp(batch.positions()[:, None] + gamma, max_positions)
-    forward_step(draft, batch.caches[1], mask, drafts[:, -1:], positions)
-
-
 def decode_round(
     target: PreTrainedModel,
     draft: PreTrainedModel | None,
     batch: _Batch,
     *,
-    gamma: int,
     eos_token_id: int | None,
     max_positions: int | None,
 ) -> list[_Row]:
     """Draft γ, verify γ+1, append each row's a_i + 1 tokens; returns the rows that finished
-    (already removed from the batch)."""
+    (their slots are freed)."""
     started = time.perf_counter()
-    rows = batch.rows
-    limits = torch.tensor([min(gamma, row.remaining - 1) for row in rows], device=batch.mask.device)
-    if draft is not None and gamma:
+    gamma, rows, members = batch.gamma, batch.rows, list(batch.rows)
+    assert all(row is not None for row in rows), "compact or fill the batch before a round"
+    limits = torch.tensor([min(gamma, row.remaining - 1) for row in rows], device=batch.lengths.device)
+    if gamma:
         drafts = draft_propose(draft, batch, gamma, max_positions)
     else:
         drafts = batch.pending.new_zeros(len(rows), 0)
     chosen = verify(target, batch, drafts, max_positions)  # (B, γ+1)
     accepted = accepted_counts(drafts, chosen, limits)  # (B,)
-    survivors, finished = [], []
-    for i, (row, tokens, a, limit) in enumerate(
+    finished = []
+    for slot, (row, tokens, a, limit) in enumerate(
         zip(rows, chosen.tolist(), accepted.tolist(), limits.tolist(), strict=True)
     ):
         new = tokens[: a + 1]  # d_1..d_a, t_{a+1} (d_j == t_j for j <= a)
@@ -309,25 +359,23 @@ def decode_round(
         row.stats.target_rounds += 1
         row.stats.draft_proposed += limit
         row.stats.draft_accepted += len(new) - 1
-        done = row.remaining == 0 or new[-1] == eos_token_id
-        (finished if done else survivors).append(i)
-    keep_rows = torch.tensor(survivors, dtype=torch.long, device=batch.mask.device)
-    if survivors and draft is not None and gamma and bool((accepted[keep_rows] == gamma).any()):
-        _catch_up_draft(draft, batch, drafts, max_positions)
-    if survivors:
-        steps = torch.arange(gamma + 1, device=accepted.device)
-        batch.realign(keep_rows, steps[None] <= accepted[:, None])  # keep [p, d_1..d_a] per row
-        batch.pending = chosen[keep_rows, accepted[keep_rows]]  # t_{a+1}: next round's p
-    batch.rows = [rows[i] for i in survivors]
-    share = (time.perf_counter() - started) / len(rows)
-    for row in rows:
+        if row.remaining == 0 or new[-1] == eos_token_id:
+            finished.append(row)
+            rows[slot] = None
+    batch.lengths += accepted + 1  # the caches keep [p, d_1..d_a]; later columns are stale
+    inputs = torch.cat([batch.pending[:, None], drafts], 1)
+    batch.previous = inputs.gather(1, accepted[:, None])[:, 0]  # p or d_a: the last token kept in cache
+    batch.pending = chosen.gather(1, accepted[:, None])[:, 0]  # t_{a+1}: next round's p
+    share = (time.perf_counter() - started) / len(members)
+    for row in members:
         row.stats.latency_s += share
-    return [rows[i] for i in finished]
+    return finished
 
 
 # --- the loop ------------------------------------------------------------------------------------
 
 
+@torch.inference_mode()
 def _admit(
     target: PreTrainedModel, draft: PreTrainedModel | None, request: BatchRequest
 ) -> tuple[_Row, list[DynamicCache]]:
@@ -368,32 +416,30 @@ def speculative_decode_batch(
     gamma = draft_tokens if draft is not None else 0
     config = target.config
     max_positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    queue = iter(requests)
-    batch = _Batch(target.device)
-    exhausted = False
+    queue, batch, exhausted = iter(requests), _Batch(gamma), False
     while True:
-        arrivals: list[BatchRequest] = []
-        while not exhausted and len(batch) + len(arrivals) < batch_size:
-            request = next(queue, None)
-            exhausted = request is None
-            if request is not None:
-                arrivals.append(request)
-        finished: list[_Row] = []
+        rows, prefilled = [], []
+        while not exhausted and len(batch) + len(rows) < batch_size:
+            request = next(queue, None)  # pulled only when a slot is free: continuous refill
+            if request is None:
+                exhausted = True
+                break
+            row, caches = _admit(target, draft, request)
+            if row.remaining == 0 or row.tokens[-1] == eos_token_id:
+                yield _decoded(row, eos_token_id)  # done at its prefill
+            else:
+                rows.append(row)
+                prefilled.append(caches)
         with torch.inference_mode():
-            rows, caches = [], []
-            for request in arrivals:
-                row, row_caches = _admit(target, draft, request)
-                if row.remaining == 0 or row.tokens[-1] == eos_token_id:
-                    finished.append(row)
-                else:
-                    rows.append(row)
-                    caches.append(row_caches)
             if rows:
-                batch.add(rows, caches)
-            if len(batch):
-                finished += decode_round(
-                    target, draft, batch, gamma=gamma, eos_token_id=eos_token_id, max_positions=max_positions
-                )
+                batch.add(rows, prefilled)
+            if exhausted:
+                batch.compact()
+            finished = (
+                decode_round(target, draft, batch, eos_token_id=eos_token_id, max_positions=max_positions)
+                if len(batch)
+                else []
+            )
         for row in finished:
             yield _decoded(row, eos_token_id)
         if exhausted and not len(batch):
@@ -410,17 +456,18 @@ def probe_batch_size(
 
     @torch.inference_mode()
     def seconds(b: int) -> float:
+        template = DynamicCache(config=target.config)
+        ids = torch.zeros(1, context, dtype=torch.long, device=device)
+        target(input_ids=ids, use_cache=True, logits_to_keep=1, **{_cache_kwarg(target): template})
+        cache = SlotCache(template, b, context + q)
+        lengths = torch.full((b,), context, dtype=torch.long, device=device)
+        tokens = torch.zeros(b, q, dtype=torch.long, device=device)
         best = float("inf")
         for _ in range(3):
-            cache = DynamicCache(config=target.config)
-            ids = torch.zeros(b, context, dtype=torch.long, device=device)
-            target(input_ids=ids, use_cache=True, logits_to_keep=1, **{_cache_kwarg(target): cache})
-            mask = torch.ones(b, context, dtype=torch.bool, device=device)
-            positions = torch.arange(context, context + q, device=device).expand(b, q)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             started = time.perf_counter()
-            forward_step(target, cache, mask, ids[:, :q], positions)
+            forward_step(target, cache, lengths, tokens)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - started)

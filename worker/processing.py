@@ -9,6 +9,9 @@ both times over that sample (speedup = plain / assisted) and counts greedy outpu
 (the lossless rate). Speedup guard: once ``guard_min_items`` sampled items (or every sampled item
 of a small job) show a speedup under ``guard_threshold``, the rest of the job decodes plainly and
 the job records that it did and why.
+
+Batched: a chunk of several items of a greedy draft/none job goes through ``worker/batched.py``
+(``_process_chunk_batched``): items are claimed as batch slots free up and written as they finish.
 """
 
 from __future__ import annotations
@@ -373,6 +376,8 @@ def _process_chunk_batched(
             outcome.done += 1
 
     with session_scope(url) as session:
+        if runner.spec.mode is DecodingMode.DRAFT:
+            session.get(Job, job_id).draft_tokens = engine.draft_tokens  # constant γ while batched
         crud.finalize_job(session, job_id=job_id)
     return outcome
 

@@ -237,9 +237,9 @@ def test_demo_pair_is_lossless_at_every_batch_size() -> None:
     lines = [line.strip()[:60] for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
     requests = [
         BatchRequest(key=i, input_ids=tokenizer(line)["input_ids"], max_new_tokens=8 + i % 33)
-        for i, line in enumerate(lines[:48])
+        for i, line in enumerate(lines[:32])
     ]
-    for batch_size in (1, 8, 16):
+    for batch_size in (3, 16):
         results = decode_all(target, draft, requests, batch_size=batch_size, draft_tokens=5, eos_token_id=eos)
         for request in requests:
             expected = reference(request.input_ids, request.max_new_tokens, eos)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
+from model_factory import build_model, build_tokenizer
 
 from genjob import crud
 from genjob.db import session_scope
@@ -15,6 +16,9 @@ from genjob.jobspec import JobSpec
 from genjob.models import Job
 from genjob.settings import Settings
 from worker import processing
+from worker.loading import load_model
+
+from .test_batched import Reference
 
 PROMPTS = ["def ", "import os\n", "class A:", "for i in range(3):", "x = ", "return ", "while True:", "if a:"]
 
@@ -53,6 +57,7 @@ def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[di
                     "draft_accepted": result.draft_accepted,
                     "latency_s": result.latency_s,
                     "finish_reason": result.finish_reason,
+                    "mode": result.mode,
                 }
             )
             for item, result in crud.iter_results(session, job_id=job_id)
@@ -70,7 +75,13 @@ def test_a_chunk_of_several_items_is_decoded_in_batches(
     lines.insert(3, json.dumps({"prompt": "x " * 600}))  # longer than the model's context: fails alone
     path = write_jsonl(tmp_path / "prompts.jsonl", lines)
     settings = Settings(database_url=pg_url)
-    spec = {"model": str(target), "mode": mode, "max_new_tokens": 16, "draft_tokens": 3}
+    spec = {
+        "model": str(target),
+        "mode": mode,
+        "max_new_tokens": 16,
+        "draft_tokens": 3,
+        "baseline_fraction": 0,
+    }
     if mode == "draft":
         spec["assistant"] = str(draft)
 
@@ -93,6 +104,31 @@ def test_a_chunk_of_several_items_is_decoded_in_batches(
     assert batched_job.new_tokens == one_job.new_tokens == sum(r["new_tokens"] for r in done)
     assert batched_job.target_rounds == sum(r["target_rounds"] for r in done)
     assert batched_job.draft_accepted == sum(r["draft_accepted"] for r in done)
+
+
+def test_the_speedup_guard_drains_the_batch_and_goes_on_plainly(
+    pg_url: str, tmp_path: Path, batch_calls: list[int]
+) -> None:
+    """A draft that costs many times the target: after two sampled A/B items the job switches."""
+    tokenizer = build_tokenizer()
+    paths = []
+    for name, layers, width in (("target", 1, 32), ("draft", 6, 128)):
+        build_model(tokenizer, n_layer=layers, n_embd=width, seed=3).save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    lines = [json.dumps({"prompt": p}) for p in PROMPTS]
+    path = write_jsonl(tmp_path / "prompts.jsonl", lines)
+    spec = JobSpec(model=paths[0], assistant=paths[1], max_new_tokens=12, batch_size=3, baseline_fraction=1)
+    job, rows = run_job(Settings(database_url=pg_url), path, spec)
+    assert job.guard_tripped and job.guard_reason.startswith("measured speedup 0.")
+    assert batch_calls == [3, 3]  # the assisted batch, then batched plain greedy
+    modes = [row["mode"] for row in rows]
+    assert modes[0] == "draft" and modes[-1] == "none" and modes == sorted(modes)  # draft… then none…
+    assert all(row["status"] == "done" for row in rows)
+    reference = Reference(load_model(paths[0]))
+    for row, prompt in zip(rows, PROMPTS, strict=True):
+        expected = reference(tokenizer(prompt)["input_ids"], 12, tokenizer.eos_token_id)
+        assert row["output"] == tokenizer.decode(expected, skip_special_tokens=True)
 
 
 def test_batch_size_comes_from_the_job_then_the_setting(tiny_pair: tuple[Path, Path]) -> None:
