@@ -41,6 +41,10 @@ class JobOptions(BaseModel):
     baseline_fraction: float | None = Field(
         default=None, description="Share of items also decoded plainly to measure the speedup (default 0.05)."
     )
+    batch_size: int | None = Field(
+        default=None,
+        description="Prompts per forward pass (1..256; default GENJOB_BATCH_SIZE or a probe of the device).",
+    )
     chunk_size: int | None = Field(default=None, ge=1, le=10_000, description="Items per task message.")
     name: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=NO_CONTROL_CHARACTERS, description="A name."

@@ -24,6 +24,13 @@ class JobSpec(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Prompts decoded together per forward pass (greedy draft/none modes); "
+        "unset: GENJOB_BATCH_SIZE or a probe of the device; 1: one prompt at a time.",
+    )
     baseline_fraction: float = Field(
         default=0.05, ge=0.0, le=1.0, description="Share of items also decoded plainly to measure speedup."
     )

@@ -57,6 +57,13 @@ class Settings(BaseSettings):
     guard_threshold: float = Field(
         default=1.0, ge=0.0, description="Measured speedup under which the guard switches to plain decoding."
     )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Prompts decoded together per forward pass when a job does not say (--batch-size); "
+        "unset: a quick probe of the device picks it.",
+    )
     device: str = Field(default="auto", description="torch device for workers: auto, cpu, cuda, cuda:1…")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
     # The HTTP API (``genjob api``).

@@ -9,6 +9,9 @@ both times over that sample (speedup = plain / assisted) and counts greedy outpu
 (the lossless rate). Speedup guard: once ``guard_min_items`` sampled items (or every sampled item
 of a small job) show a speedup under ``guard_threshold``, the rest of the job decodes plainly and
 the job records that it did and why.
+
+Batched: a chunk of several items of a greedy draft/none job goes through ``worker/batched.py``
+(``_process_chunk_batched``): items are claimed as batch slots free up and written as they finish.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import logging
 import math
 import socket
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from threading import Lock
 
 from genjob import crud
@@ -27,6 +32,7 @@ from genjob.db import session_scope
 from genjob.jobspec import JobSpec
 from genjob.models import Item, Job
 from genjob.settings import Settings
+from worker.batched import BatchRequest, probe_batch_size, speculative_decode_batch
 from worker.engine import Decoded, DecodeOptions, Engine, cost_ratio
 from worker.loading import ModelLoadError, check_same_vocabulary, load_model, load_tokenizer
 
@@ -221,6 +227,17 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
     with session_scope(url) as session:
         crud.record_cost_ratio(session, job_id=job_id, cost_ratio=runner.cost_ratio)
 
+    batch_size = batch_size_for(runner, settings) if len(item_ids) > 1 else 1
+    if batch_size > 1:
+        return _process_chunk_batched(
+            settings=settings,
+            job_id=job_id,
+            item_ids=item_ids,
+            worker=worker,
+            runner=runner,
+            batch_size=batch_size,
+            guard_after=guard_after,
+        )
     for item_id in item_ids:
         with session_scope(url) as session:
             job = session.get(Job, job_id, populate_existing=True)
@@ -256,3 +273,136 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
             job.draft_tokens = runner.engine.draft_tokens
         crud.finalize_job(session, job_id=job_id)
     return outcome
+
+
+# --- batched decoding (worker/batched.py): several items of a chunk per forward pass -------------
+
+
+@lru_cache(maxsize=8)
+def _probed_batch_size(model: str, device: str, draft_tokens: int) -> int:
+    return probe_batch_size(load_model(model, device), draft_tokens=draft_tokens)
+
+
+def batch_size_for(runner: JobRunner, settings: Settings) -> int:
+    """The job's --batch-size, else GENJOB_BATCH_SIZE, else a probe of the device (once per model);
+    1 where batching does not apply (sampling, prompt lookup)."""
+    spec = runner.spec
+    if spec.do_sample or spec.mode is DecodingMode.PROMPT_LOOKUP:
+        return 1
+    if spec.batch_size is not None:
+        return spec.batch_size
+    if settings.batch_size is not None:
+        return settings.batch_size
+    return _probed_batch_size(spec.model, settings.device, spec.draft_tokens)
+
+
+def _process_chunk_batched(
+    *,
+    settings: Settings,
+    job_id: str,
+    item_ids: list[int],
+    worker: str,
+    runner: JobRunner,
+    batch_size: int,
+    guard_after: int,
+) -> ChunkOutcome:
+    """Like the one-at-a-time loop, but items are claimed lazily as batch slots free up and written
+    as they finish. Sampled items also get their plain batch-1 baseline once they finish (so the
+    job's speedup is batched assisted vs plain one-at-a-time); when the speedup guard trips, the
+    batch drains and the rest decodes as batched plain greedy. A crash of the batch fails the
+    items in it; the rest go on."""
+    url = settings.database_url
+    outcome = ChunkOutcome()
+    todo = deque(item_ids)
+    in_flight: dict[int, tuple[Item, int, list[int]]] = {}
+
+    def requests(plain: bool) -> Iterator[BatchRequest]:
+        while todo:
+            item_id = todo.popleft()
+            with session_scope(url) as session:
+                job = session.get(Job, job_id, populate_existing=True)
+                if job.status in TERMINAL_JOB_STATUSES:
+                    outcome.stopped = True
+                    todo.clear()
+                    return
+                if job.guard_tripped and not plain:  # drain this batch, go on plainly
+                    todo.appendleft(item_id)
+                    return
+                claimed = crud.claim_item(session, item_id=item_id, worker=worker)
+            if claimed is None:
+                outcome.skipped += 1
+                continue
+            item, attempt_id = claimed
+            max_new_tokens = runner.options(item).max_new_tokens
+            try:
+                input_ids = runner.encode(item.prompt, max_new_tokens)
+            except Exception as exc:
+                _fail(url, item, attempt_id, exc, outcome)
+                continue
+            in_flight[item.id] = (item, attempt_id, input_ids)
+            yield BatchRequest(key=item.id, input_ids=input_ids, max_new_tokens=max_new_tokens)
+
+    engine = runner.engine
+    log.info("job %s: %d items, batches of %d", job_id, len(item_ids), batch_size)
+    while todo:
+        with session_scope(url) as session:
+            plain = runner.spec.mode is DecodingMode.NONE or session.get(Job, job_id).guard_tripped
+        decoding = speculative_decode_batch(
+            engine.target,
+            None if plain else engine.assistant,
+            requests(plain),
+            batch_size=batch_size,
+            draft_tokens=engine.draft_tokens,
+            eos_token_id=engine.eos_token_id,
+        )
+        while True:
+            try:
+                key, decoded = next(decoding)
+            except StopIteration:
+                break
+            except Exception as exc:  # the batch is lost: fail its items, go on with the rest
+                for item, attempt_id, _ in in_flight.values():
+                    _fail(url, item, attempt_id, exc, outcome)
+                in_flight.clear()
+                break
+            item, attempt_id, input_ids = in_flight.pop(key)
+            output = _batched_output(runner, item, input_ids, decoded, plain=plain)
+            with session_scope(url) as session:
+                crud.finish_item(session, item=item, attempt_id=attempt_id, result=output.result_row(worker))
+                if output.baseline is not None:
+                    crud.check_speedup_guard(
+                        session, job_id=job_id, min_items=guard_after, threshold=settings.guard_threshold
+                    )
+            outcome.done += 1
+
+    with session_scope(url) as session:
+        if runner.spec.mode is DecodingMode.DRAFT:
+            session.get(Job, job_id).draft_tokens = engine.draft_tokens  # constant γ while batched
+        crud.finalize_job(session, job_id=job_id)
+    return outcome
+
+
+def _batched_output(
+    runner: JobRunner, item: Item, input_ids: list[int], decoded: Decoded, *, plain: bool
+) -> ItemOutput:
+    mode = DecodingMode.NONE if plain else runner.spec.mode
+    baseline = None
+    if not plain and runner.is_baseline_sample(item.seq):
+        baseline = runner.engine.generate(input_ids, runner.options(item), mode=DecodingMode.NONE)
+        if baseline.token_ids != decoded.token_ids:
+            log.warning(
+                "item %s: batched output differs from plain greedy: %s vs %s",
+                item.seq,
+                decoded.token_ids,
+                baseline.token_ids,
+            )
+    text = runner.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
+    return ItemOutput(decoded=decoded, text=text, mode=mode, baseline=baseline, greedy=True)
+
+
+def _fail(url: str, item: Item, attempt_id: int, exc: Exception, outcome: ChunkOutcome) -> None:
+    error = f"{type(exc).__name__}: {exc}"
+    log.warning("job %s item %s failed: %s\n%s", item.job_id, item.seq, error, traceback.format_exc())
+    with session_scope(url) as session:
+        crud.fail_item(session, item=item, attempt_id=attempt_id, error=error)
+    outcome.failed += 1

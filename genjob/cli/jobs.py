@@ -133,6 +133,12 @@ def _check_name(_ctx: click.Context, _param: click.Parameter, value: str | None)
     show_default=True,
     help="Share of items also decoded plainly to measure the speedup.",
 )
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1, max=256),
+    help="Prompts decoded together per forward pass (default: GENJOB_BATCH_SIZE, else a probe of the "
+    "device); 1 decodes one prompt at a time.",
+)
 @click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
 @click.option("--name", callback=_check_name, help="A name to find the job by.")
 @click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")

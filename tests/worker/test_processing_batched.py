@@ -1,0 +1,144 @@
+"""A multi-item chunk goes through the batched engine and stores what batch size 1 stores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write_jsonl
+from model_factory import build_model, build_tokenizer
+
+from genjob import crud
+from genjob.db import session_scope
+from genjob.dispatch import store_job
+from genjob.jobspec import JobSpec
+from genjob.models import Job
+from genjob.settings import Settings
+from worker import processing
+from worker.loading import load_model
+
+from .test_batched import Reference
+
+PROMPTS = ["def ", "import os\n", "class A:", "for i in range(3):", "x = ", "return ", "while True:", "if a:"]
+
+
+@pytest.fixture
+def batch_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch sizes the worker ran the batched engine with (the real engine runs)."""
+    calls: list[int] = []
+    real = processing.speculative_decode_batch
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(processing, "speculative_decode_batch", spy)
+    return calls
+
+
+def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[dict]]:
+    job_id = store_job(settings, path=path, spec=spec).job_id
+    with session_scope(settings.database_url) as session:
+        (item_ids,) = crud.pending_item_chunks(session, job_id=job_id, chunk_size=100)
+    processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test-worker")
+    with session_scope(settings.database_url) as session:
+        job = crud.get_job(session, job_id=job_id)
+        rows = [
+            {"seq": item.seq, "status": item.status, "error": item.error}
+            | (
+                {}
+                if result is None
+                else {
+                    "output": result.output,
+                    "new_tokens": result.new_tokens,
+                    "target_rounds": result.target_rounds,
+                    "draft_proposed": result.draft_proposed,
+                    "draft_accepted": result.draft_accepted,
+                    "latency_s": result.latency_s,
+                    "finish_reason": result.finish_reason,
+                    "mode": result.mode,
+                }
+            )
+            for item, result in crud.iter_results(session, job_id=job_id)
+        ]
+        session.expunge(job)
+    return job, rows
+
+
+@pytest.mark.parametrize("mode", ["draft", "none"])
+def test_a_chunk_of_several_items_is_decoded_in_batches(
+    pg_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path, batch_calls: list[int], mode: str
+) -> None:
+    target, draft = tiny_pair
+    lines = [json.dumps({"prompt": p, "max_new_tokens": 3 + 5 * (i % 4)}) for i, p in enumerate(PROMPTS)]
+    lines.insert(3, json.dumps({"prompt": "x " * 600}))  # longer than the model's context: fails alone
+    path = write_jsonl(tmp_path / "prompts.jsonl", lines)
+    settings = Settings(database_url=pg_url)
+    spec = {
+        "model": str(target),
+        "mode": mode,
+        "max_new_tokens": 16,
+        "draft_tokens": 3,
+        "baseline_fraction": 0,
+    }
+    if mode == "draft":
+        spec["assistant"] = str(draft)
+
+    one_job, one = run_job(settings, path, JobSpec(**spec, batch_size=1))
+    assert batch_calls == []
+    batched_job, batched = run_job(settings, path, JobSpec(**spec, batch_size=4))
+    assert batch_calls == [4]
+
+    strip = ("latency_s", "target_rounds", "draft_proposed", "draft_accepted")
+    assert [{k: v for k, v in r.items() if k not in strip} for r in batched] == [
+        {k: v for k, v in r.items() if k not in strip} for r in one
+    ]
+    assert batched[3]["status"] == "failed" and "exceeds the model's context" in batched[3]["error"]
+    done = [r for r in batched if r["status"] == "done"]
+    assert len(done) == len(PROMPTS)
+    for row in done:
+        assert row["target_rounds"] + row["draft_accepted"] == row["new_tokens"]
+        assert row["draft_accepted"] <= row["draft_proposed"]
+    assert (batched_job.status, batched_job.done, batched_job.failed) == ("completed", len(PROMPTS), 1)
+    assert batched_job.new_tokens == one_job.new_tokens == sum(r["new_tokens"] for r in done)
+    assert batched_job.target_rounds == sum(r["target_rounds"] for r in done)
+    assert batched_job.draft_accepted == sum(r["draft_accepted"] for r in done)
+
+
+def test_the_speedup_guard_drains_the_batch_and_goes_on_plainly(
+    pg_url: str, tmp_path: Path, batch_calls: list[int]
+) -> None:
+    """A draft that costs many times the target: after two sampled A/B items the job switches."""
+    tokenizer = build_tokenizer()
+    paths = []
+    for name, layers, width in (("target", 1, 32), ("draft", 6, 128)):
+        build_model(tokenizer, n_layer=layers, n_embd=width, seed=3).save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    lines = [json.dumps({"prompt": p}) for p in PROMPTS]
+    path = write_jsonl(tmp_path / "prompts.jsonl", lines)
+    spec = JobSpec(model=paths[0], assistant=paths[1], max_new_tokens=12, batch_size=3, baseline_fraction=1)
+    job, rows = run_job(Settings(database_url=pg_url), path, spec)
+    assert job.guard_tripped and job.guard_reason.startswith("measured speedup 0.")
+    assert batch_calls == [3, 3]  # the assisted batch, then batched plain greedy
+    modes = [row["mode"] for row in rows]
+    assert modes[0] == "draft" and modes[-1] == "none" and modes == sorted(modes)  # draft… then none…
+    assert all(row["status"] == "done" for row in rows)
+    reference = Reference(load_model(paths[0]))
+    for row, prompt in zip(rows, PROMPTS, strict=True):
+        expected = reference(tokenizer(prompt)["input_ids"], 12, tokenizer.eos_token_id)
+        assert row["output"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_batch_size_comes_from_the_job_then_the_setting(tiny_pair: tuple[Path, Path]) -> None:
+    target, draft = tiny_pair
+    spec = JobSpec(model=str(target), assistant=str(draft))
+    runner = processing.JobRunner.build(spec, device="cpu")
+    assert processing.batch_size_for(runner, Settings(batch_size=6)) == 6
+    runner.spec = spec.model_copy(update={"batch_size": 3})
+    assert processing.batch_size_for(runner, Settings(batch_size=6)) == 3
+    runner.spec = spec.model_copy(update={"batch_size": 3, "temperature": 0.7})
+    assert processing.batch_size_for(runner, Settings(batch_size=6)) == 1  # sampling: one at a time
+    probed = processing.batch_size_for(processing.JobRunner.build(spec, device="cpu"), Settings())
+    assert 1 <= probed <= 32
