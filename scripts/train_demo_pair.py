@@ -47,14 +47,14 @@ from transformers import (
 LOG = logging.getLogger("train_demo_pair")
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 # (name, draft generation_config overrides) tried with HF assisted generation.
-HF_SETTINGS: list[tuple[str, dict[str, Any]]] = [
-    ("hf-default(20,const,thr0.4)", {}),
-    ("hf-g4-const-thr0", dict(num_assistant_tokens=4, assistant_confidence_threshold=0.0)),
-    ("hf-g6-const-thr0", dict(num_assistant_tokens=6, assistant_confidence_threshold=0.0)),
-    ("hf-g8-const-thr0", dict(num_assistant_tokens=8, assistant_confidence_threshold=0.0)),
-    ("hf-g6-const-thr0.4", dict(num_assistant_tokens=6, assistant_confidence_threshold=0.4)),
-    ("hf-g6-heurT-thr0", dict(num_assistant_tokens=6, num_assistant_tokens_schedule="heuristic_transient",
-                              assistant_confidence_threshold=0.0)),
+ASSIST_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+HF_SETTINGS: list[tuple[str, dict[str, Any]]] = [  # (name, the draft's generation_config for ASSIST_KEYS)
+    ("hf-default(20,const,thr0.4)", dict(zip(ASSIST_KEYS, (None, None, None), strict=True))),  # HF defaults
+    ("hf-g4-const-thr0", dict(zip(ASSIST_KEYS, (4, "constant", 0.0), strict=True))),
+    ("hf-g6-const-thr0", dict(zip(ASSIST_KEYS, (6, "constant", 0.0), strict=True))),
+    ("hf-g8-const-thr0", dict(zip(ASSIST_KEYS, (8, "constant", 0.0), strict=True))),
+    ("hf-g6-const-thr0.4", dict(zip(ASSIST_KEYS, (6, "constant", 0.4), strict=True))),
+    ("hf-g6-heurT-thr0", dict(zip(ASSIST_KEYS, (6, "heuristic_transient", 0.0), strict=True))),
 ]
 SPEC_GAMMAS = (4, 6, 8)
 
@@ -341,7 +341,8 @@ def run_mode(name: str, ids: torch.Tensor, target: GPT2LMHeadModel, draft: GPT2L
     extra: dict[str, int] = {}
     if not name.startswith(("plain", "spec")):  # fresh settings: schedule/threshold state persists otherwise
         draft.generation_config = copy.deepcopy(base_cfg)
-        draft.generation_config.update(**dict(HF_SETTINGS)[name])
+        for key, value in dict(HF_SETTINGS)[name].items():
+            setattr(draft.generation_config, key, value)
     t0 = time.perf_counter()
     if name == "plain":
         out = target.generate(ids, **kw)[0, ids.shape[1] :].tolist()
@@ -375,6 +376,8 @@ def bench(target_dir: Path, draft_dir: Path, prompts: list[dict[str, str]], args
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     base_cfg = copy.deepcopy(draft.generation_config)
+    for key in ASSIST_KEYS:  # drop settings saved by an earlier run; None = HF's defaults
+        setattr(base_cfg, key, None)
     enc = [tok(p["prompt"], return_tensors="pt")["input_ids"] for p in prompts]
     t_ms, d_ms = forward_ms(target, 100, 1), forward_ms(draft, 100, 1)
     verify_ms = {g + 1: forward_ms(target, 100, g + 1) for g in SPEC_GAMMAS}
@@ -422,7 +425,8 @@ def bench(target_dir: Path, draft_dir: Path, prompts: list[dict[str, str]], args
     for i in range(min(3, len(prompts))):
         LOG.info("sample %s:\n%s%s", prompts[i]["id"], prompts[i]["prompt"], tok.decode(plain_out[i]))
     best_cfg = copy.deepcopy(base_cfg)  # ship the best HF assistant settings as the draft's defaults
-    best_cfg.update(**dict(HF_SETTINGS)[best_hf])
+    for key, value in dict(HF_SETTINGS)[best_hf].items():
+        setattr(best_cfg, key, value)
     best_cfg.save_pretrained(draft_dir)
     return dict(c=c, target_ms=t_ms, draft_ms=d_ms, verify_ms=verify_ms, alpha=alpha, best_hf=best_hf,
                 best_spec=best_spec, results=res, max_new_tokens=args.max_new_tokens, n_prompts=len(prompts),
