@@ -37,6 +37,20 @@ class ItemStatus(StrEnum):
 OPEN_ITEM_STATUSES = frozenset({ItemStatus.PENDING, ItemStatus.RUNNING})
 
 
+class AttemptOutcome(StrEnum):
+    """How one try of an item ended (the ``attempts`` table)."""
+
+    DONE = "done"
+    FAILED = "failed"  # raised, and no tries are left (or the error is permanent)
+    RETRIED = "retried"  # raised, and the item is tried again
+    LOST = "lost"  # its worker died or stalled: the lease ran out and the item was taken back
+    SUPERSEDED = "superseded"  # finished after its lease was taken back: the result was dropped
+
+
+# Redis key (per database) whose absence tells the workers' sweeper that the broker lost its data.
+BROKER_MARK_KEY = "genjob:broker-mark"
+
+
 class DecodingMode(StrEnum):
     """How the worker decodes: with a draft model, with n-gram prompt lookup, or plainly."""
 

@@ -6,15 +6,28 @@ Embedded mode (SQLite) migrates itself on first use; Postgres is migrated with `
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import os
+import random
+import time
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, exc, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
+log = logging.getLogger(__name__)
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# A dropped or refused connection, a server shutting down, a deadlock or SQLite's "database is locked".
+RETRYABLE_DB_ERRORS = (exc.OperationalError, exc.InterfaceError)
+MAX_RETRY_DELAY_S = 5.0
+
+T = TypeVar("T")
 
 
 class SchemaError(RuntimeError):
@@ -28,7 +41,20 @@ def get_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
         engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    _ENGINES.add(engine)
     return engine
+
+
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _forget_inherited_connections() -> None:
+    """In a forked child (a Celery pool process): new pools, never the parent's sockets or locks."""
+    for engine in list(_ENGINES):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_inherited_connections)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -56,6 +82,33 @@ def session_scope(url: str) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def run_transaction(url: str, fn: Callable[..., T], /, *, retry_s: float = 0.0, **kwargs: Any) -> T:
+    """``fn(session, **kwargs)`` in one transaction, retried with backoff on connection errors.
+
+    A dropped connection (say ``pg_terminate_backend``), a restarting server or a lock timeout
+    rolls the transaction back; it is run again after 0.05 s, 0.1 s, 0.2 s … (capped at 5 s,
+    with jitter) for up to ``retry_s`` seconds, then the error is raised. ``fn`` must be safe to
+    repeat, since a commit whose answer was lost is retried too: every write in ``genjob.crud``
+    is a conditional update that does nothing the second time.
+    """
+    deadline = time.monotonic() + retry_s
+    delay = 0.05
+    tries = 0
+    while True:
+        try:
+            with session_scope(url) as session:
+                return fn(session, **kwargs)
+        except RETRYABLE_DB_ERRORS as error:
+            tries += 1
+            wait = delay * random.uniform(0.5, 1.5)
+            if time.monotonic() + wait > deadline:
+                raise
+            reason = str(error.orig or error).strip().splitlines()[0]
+            log.warning("database error in %s (%s): retry %d in %.2f s", fn.__name__, reason, tries, wait)
+            time.sleep(wait)
+            delay = min(delay * 2, MAX_RETRY_DELAY_S)
 
 
 def alembic_config(url: str):

@@ -8,20 +8,31 @@ only (job id, item ids). Without a broker (embedded mode) the chunks run in this
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from kombu.exceptions import OperationalError
 
-from genjob import crud
+from genjob import crud, leases
 from genjob.constants import TASK_GENERATE_CHUNK, InputFormat
 from genjob.db import ensure_schema, session_scope
-from genjob.inputs import InputLimits, iter_prompt_stream, summarize_prompt_stream
+from genjob.inputs import (
+    InputLimits,
+    check_file_size,
+    iter_prompt_stream,
+    model_context_check,
+    summarize_prompt_stream,
+)
 from genjob.jobspec import JobSpec
+from genjob.models import utcnow
 from genjob.openai_batch import ChatTemplate
 from genjob.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +51,9 @@ class Submitted:
 
 def input_limits(settings: Settings) -> InputLimits:
     return InputLimits(
-        max_line_bytes=settings.max_line_bytes, max_new_tokens_limit=settings.max_new_tokens_limit
+        max_line_bytes=settings.max_line_bytes,
+        max_new_tokens_limit=settings.max_new_tokens_limit,
+        max_file_bytes=settings.max_upload_bytes,
     )
 
 
@@ -59,6 +72,7 @@ def store_job(
     input_format: InputFormat = InputFormat.GENJOB,
 ) -> Submitted:
     """Validate the whole file, then insert the job and its items in one transaction."""
+    check_file_size(path, limits=input_limits(settings))
     with path.open("rb") as stream:
         return store_job_stream(
             settings,
@@ -84,13 +98,15 @@ def store_job_stream(
     """``store_job`` on a seekable binary stream (an upload spooled by the API), read twice.
 
     Chat messages (OpenAI lines) are rendered here with the target's chat template, so the items
-    hold prompt text whichever way they came.
+    hold prompt text whichever way they came. Prompts are checked against the model's context
+    here when the model is a local directory.
     """
     limits = input_limits(settings)
     chat = ChatTemplate(spec.model)
     read = {"source": source, "limits": limits, "input_format": input_format, "chat": chat}
     start = stream.tell()
-    summary = summarize_prompt_stream(stream, **read)
+    check = model_context_check(spec.model, max_new_tokens=spec.max_new_tokens)
+    summary = summarize_prompt_stream(stream, **read, check=check)
     stream.seek(start)
     if summary.endpoint is not None:
         spec = spec.model_copy(update={"endpoint": summary.endpoint})
@@ -107,31 +123,47 @@ def store_job_stream(
         return Submitted(job_id=job.id, items=job.total)
 
 
-def enqueue_job(settings: Settings, *, job_id: str, chunk_size: int) -> int:
-    """Push the job's pending items as chunks; run them right here in embedded mode. Returns chunks."""
-    from worker.celery_app import create_app
-
-    app = create_app(settings)
-    with session_scope(settings.database_url) as session:
-        chunks = list(crud.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
-    if settings.embedded:
-        task = app.tasks[TASK_GENERATE_CHUNK]
-        for item_ids in chunks:
-            task.apply(args=(job_id, item_ids), throw=True)
-        return len(chunks)
+def publish_chunks(app: Celery, *, job_id: str, queue: str, chunks: Iterable[list[int]]) -> int:
+    """Send one task message per chunk (retrying a dropped broker connection); returns how many."""
+    sent = 0
     try:
         with app.producer_or_acquire() as producer:
             for item_ids in chunks:
                 app.send_task(
                     TASK_GENERATE_CHUNK,
                     args=(job_id, item_ids),
-                    queue=settings.queue,
+                    queue=queue,
                     producer=producer,
                     retry=True,
                     retry_policy=PUBLISH_RETRY_POLICY,
                 )
+                sent += 1
     except OperationalError as exc:
         raise BrokerUnavailable(
-            f"job {job_id} is stored but could not be queued on {settings.broker_url}: {exc}"
+            f"job {job_id} is stored but could not be queued on {app.conf.broker_url}: {exc}"
         ) from exc
-    return len(chunks)
+    return sent
+
+
+def enqueue_job(settings: Settings, *, job_id: str, chunk_size: int) -> int:
+    """Push the job's pending items as chunks; run them right here in embedded mode. Returns chunks.
+
+    Items whose lease ran out (their worker died) are taken back first; items leased to a live
+    worker are left to it. Safe to repeat: workers skip items that are final or held by another.
+    """
+    from worker.celery_app import create_app
+
+    app = create_app(settings)
+    with session_scope(settings.database_url) as session:
+        leases.reclaim_expired_leases(session, job_id=job_id)
+    if settings.embedded:
+        with session_scope(settings.database_url) as session:
+            chunks = list(crud.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
+        task = app.tasks[TASK_GENERATE_CHUNK]
+        for item_ids in chunks:
+            task.apply(args=(job_id, item_ids), throw=True)
+        return len(chunks)
+    with session_scope(settings.database_url) as session:
+        queue = crud.get_job(session, job_id=job_id).queue
+        chunks = crud.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size, unleased_at=utcnow())
+        return publish_chunks(app, job_id=job_id, queue=queue, chunks=chunks)

@@ -87,6 +87,7 @@ class Item(Base):
         UniqueConstraint("job_id", "seq"),
         UniqueConstraint("job_id", "custom_id"),
         Index("ix_items_job_id_status", "job_id", "status"),
+        Index("ix_items_lease_expires_at", "lease_expires_at"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -101,6 +102,11 @@ class Item(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The lease: the worker process that holds the item (queued to it or running there) and until
+    # when; renewed while it lives, taken back by the sweeper once it runs out. ``attempts`` is
+    # the fencing token: only the attempt that claimed the item last may finish it.
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Result(Base):

@@ -64,6 +64,34 @@ class Settings(BaseSettings):
         description="Prompts decoded together per forward pass when a job does not say (--batch-size); "
         "unset: a quick probe of the device picks it.",
     )
+    lease_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Item lease: a worker renews the leases of its chunk every lease_s/3; items whose "
+        "lease ran out (their worker died) are queued again.",
+    )
+    sweep_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often each worker re-queues expired leases, ends expired jobs and checks "
+        "the broker for lost queues.",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Tries per item (crashes count) before it is marked failed."
+    )
+    retry_backoff_s: float = Field(
+        default=1.0, ge=0, description="Wait before an item's second try; doubles per try (max 60 s)."
+    )
+    db_retry_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long a worker retries a database write after a dropped connection.",
+    )
+    runner_factory: str | None = Field(
+        default=None,
+        description="Tests and benchmarks only: 'module:function' building a stand-in for the "
+        "models (same interface as worker.processing.JobRunner.build).",
+    )
     device: str = Field(default="auto", description="torch device for workers: auto, cpu, cuda, cuda:1…")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
     # The HTTP API (``genjob api``).

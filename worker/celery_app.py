@@ -40,6 +40,10 @@ def create_app(settings: Settings) -> Celery:
     from worker.tasks import register_tasks
 
     register_tasks(app)
+    if not settings.embedded:
+        from worker.sweeper import SweeperStep
+
+        app.steps["worker"].add(SweeperStep)
     return app
 
 

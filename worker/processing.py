@@ -11,24 +11,37 @@ of a small job) show a speedup under ``guard_threshold``, the rest of the job de
 the job records that it did and why.
 
 Batched: a chunk of several items of a greedy draft/none job goes through ``worker/batched.py``
-(``_process_chunk_batched``): items are claimed as batch slots free up and written as they finish.
+(``_run_batched``): items are claimed as batch slots free up and written as they finish.
+
+Reliability: the chunk's items are leased to this process (renewed by a ``LeaseKeeper`` thread),
+so no other worker runs them while it lives and the sweeper takes them back once it dies. Every
+database write is a short transaction retried with backoff on a dropped connection. An item that
+raises is tried again up to ``max_attempts`` times, then failed with its error; the job goes on.
+Before each item the chunk stops if the job was cancelled or its deadline passed.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import math
+import os
 import socket
+import threading
+import time
 import traceback
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from threading import Lock
 
-from genjob import crud
+from sqlalchemy import select
+
+from genjob import crud, leases
 from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode
-from genjob.db import session_scope
+from genjob.db import run_transaction
 from genjob.jobspec import JobSpec
 from genjob.models import Item, Job
 from genjob.settings import Settings
@@ -39,11 +52,16 @@ from worker.loading import ModelLoadError, check_same_vocabulary, load_model, lo
 log = logging.getLogger(__name__)
 
 MAX_CACHED_ENGINES = 16
+MAX_RETRY_BACKOFF_S = 60.0
 WARM_UP_PROMPT = "def main():\n    "
 
 
 class PromptTooLong(ValueError):
     pass
+
+
+# Errors that another try cannot fix: the item fails at once.
+PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
 
 
 @dataclass
@@ -169,11 +187,19 @@ class RunnerCache:
         self._size = size
         self._lock = Lock()
 
-    def get(self, job_id: str, spec: JobSpec, *, device: str, draft_tokens: int | None) -> JobRunner:
+    def get(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        *,
+        device: str,
+        draft_tokens: int | None,
+        build: Callable[..., JobRunner] = JobRunner.build,
+    ) -> JobRunner:
         with self._lock:
             runner = self._runners.get(job_id)
             if runner is None:
-                runner = JobRunner.build(spec, device=device, draft_tokens=draft_tokens)
+                runner = build(spec, device=device, draft_tokens=draft_tokens)
                 self._runners[job_id] = runner
                 while len(self._runners) > self._size:
                     self._runners.popitem(last=False)
@@ -184,16 +210,94 @@ class RunnerCache:
 RUNNERS = RunnerCache()
 
 
+@functools.cache
+def runner_builder(factory: str | None) -> Callable[..., JobRunner]:
+    """``JobRunner.build``, or the stand-in named by ``Settings.runner_factory`` (tests, benchmarks)."""
+    if not factory:
+        return JobRunner.build
+    module, _, name = factory.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass
 class ChunkOutcome:
     done: int = 0
     failed: int = 0
     skipped: int = 0
+    retried: int = 0
     stopped: bool = False
 
 
 def worker_name() -> str:
     return socket.gethostname()
+
+
+def lease_holder(worker: str) -> str:
+    """Who holds a lease: the worker's name and this process (each pool child has its own)."""
+    return f"{worker}/{os.getpid()}"
+
+
+class LeaseKeeper:
+    """A daemon thread that renews this process's leases on a chunk's items every lease_s/3.
+
+    If the process dies, renewals stop and the leases run out; a renewal that fails (the
+    database is away) is only logged: the next one may succeed before the lease ends.
+    """
+
+    def __init__(self, settings: Settings, *, item_ids: Sequence[int], holder: str) -> None:
+        self.settings, self.item_ids, self.holder = settings, list(item_ids), holder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{holder}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.lease_s / 3):
+            try:
+                run_transaction(
+                    self.settings.database_url,
+                    leases.renew_leases,
+                    item_ids=self.item_ids,
+                    worker=self.holder,
+                    lease_s=self.settings.lease_s,
+                )
+            except Exception as exc:
+                log.warning("could not renew the leases of %s: %s", self.holder, exc)
+
+
+def _open_chunk(
+    session, *, job_id: str, item_ids: list[int], holder: str, settings: Settings
+) -> tuple[JobSpec, list[int], int | None, int] | None:
+    """(spec, the chunk's items now leased to us in order, learned γ, guard sample size), or None
+    if the job ended."""
+    job = session.get(Job, job_id)
+    if job is None or job.status in TERMINAL_JOB_STATUSES:
+        return None
+    if job.expires_at is not None and crud.expire_due_jobs(session, job_id=job_id):
+        return None
+    crud.mark_job_running(session, job_id=job_id)
+    reserved = leases.reserve_items(session, item_ids=item_ids, worker=holder, lease_s=settings.lease_s)
+    spec = JobSpec.model_validate(job.spec)
+    mine = [item_id for item_id in item_ids if item_id in reserved]
+    return spec, mine, job.draft_tokens, guard_sample_size(settings, job, spec)
+
+
+def _close_chunk(session, *, job_id: str, item_ids: list[int], holder: str, draft_tokens: int | None) -> None:
+    leases.release_reservations(session, item_ids=item_ids, worker=holder)
+    if draft_tokens is not None:
+        session.get(Job, job_id).draft_tokens = draft_tokens
+    crud.finalize_job(session, job_id=job_id)
+
+
+def retry_delay(settings: Settings, attempts: int) -> float:
+    """Backoff before try ``attempts + 1``: retry_backoff_s, then doubling, at most a minute."""
+    return min(settings.retry_backoff_s * 2 ** (attempts - 1), MAX_RETRY_BACKOFF_S)
 
 
 def guard_sample_size(settings: Settings, job: Job, spec: JobSpec) -> int:
@@ -206,73 +310,131 @@ def guard_sample_size(settings: Settings, job: Job, spec: JobSpec) -> int:
 
 def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worker: str) -> ChunkOutcome:
     """Generate every open item of the chunk in order; stop early if the job ends meanwhile."""
-    url = settings.database_url
+    tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s)
+    holder = lease_holder(worker)
     outcome = ChunkOutcome()
-    with session_scope(url) as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status in TERMINAL_JOB_STATUSES:
-            outcome.skipped, outcome.stopped = len(item_ids), True
-            return outcome
-        crud.mark_job_running(session, job_id=job_id)
-        spec = JobSpec.model_validate(job.spec)
-        guard_after = guard_sample_size(settings, job, spec)
-    try:
-        runner = RUNNERS.get(job_id, spec, device=settings.device, draft_tokens=job.draft_tokens)
-    except ModelLoadError as exc:
-        log.error("job %s: %s", job_id, exc)
-        with session_scope(url) as session:
-            crud.fail_job(session, job_id=job_id, error=str(exc))
-        outcome.stopped = True
+    opened = tx(_open_chunk, job_id=job_id, item_ids=item_ids, holder=holder, settings=settings)
+    if opened is None:
+        outcome.skipped, outcome.stopped = len(item_ids), True
         return outcome
-    with session_scope(url) as session:
-        crud.record_cost_ratio(session, job_id=job_id, cost_ratio=runner.cost_ratio)
+    spec, mine, draft_tokens, guard_after = opened
+    outcome.skipped = len(item_ids) - len(mine)  # final, or held by another live worker
+    if not mine:
+        tx(crud.finalize_job, job_id=job_id)
+        return outcome
+    # The leases are renewed from here on: loading the models may take longer than a lease.
+    with LeaseKeeper(settings, item_ids=mine, holder=holder):
+        try:
+            runner = RUNNERS.get(
+                job_id,
+                spec,
+                device=settings.device,
+                draft_tokens=draft_tokens,
+                build=runner_builder(settings.runner_factory),
+            )
+        except ModelLoadError as exc:
+            log.error("job %s: %s", job_id, exc)
+            tx(crud.fail_job, job_id=job_id, error=str(exc))
+            outcome.stopped = True
+            return outcome
+        tx(crud.record_cost_ratio, job_id=job_id, cost_ratio=runner.cost_ratio)
+        context = _ChunkContext(settings=settings, job_id=job_id, holder=holder, worker=worker, tx=tx)
+        batch_size = batch_size_for(runner, settings) if len(mine) > 1 else 1
+        if batch_size > 1:
+            _run_batched(
+                runner, mine, context=context, guard_after=guard_after, outcome=outcome, size=batch_size
+            )
+        else:
+            for item_id in mine:
+                if not _run_item(runner, item_id, context=context, guard_after=guard_after, outcome=outcome):
+                    outcome.stopped = True
+                    break
 
-    batch_size = batch_size_for(runner, settings) if len(item_ids) > 1 else 1
-    if batch_size > 1:
-        return _process_chunk_batched(
-            settings=settings,
-            job_id=job_id,
-            item_ids=item_ids,
-            worker=worker,
-            runner=runner,
-            batch_size=batch_size,
-            guard_after=guard_after,
+    learned = runner.engine.draft_tokens if runner.spec.mode is DecodingMode.DRAFT else None
+    tx(_close_chunk, job_id=job_id, item_ids=mine, holder=holder, draft_tokens=learned)
+    return outcome
+
+
+@dataclass(frozen=True)
+class _ChunkContext:
+    settings: Settings
+    job_id: str
+    holder: str  # the lease holder: worker name / pid
+    worker: str
+    tx: Callable
+
+
+def _claim(session, *, item_id: int, holder: str, settings: Settings):
+    """Claim the item; with it, whether the speedup guard switched the job to plain decoding."""
+    claimed = crud.claim_item(
+        session, item_id=item_id, worker=holder, lease_s=settings.lease_s, max_attempts=settings.max_attempts
+    )
+    if isinstance(claimed, crud.Refused):
+        return claimed, False
+    plain_only = session.scalar(select(Job.guard_tripped).where(Job.id == claimed[0].job_id))
+    return claimed, bool(plain_only)
+
+
+def _finish(
+    session, *, item: Item, attempt_id: int, output: ItemOutput, context: _ChunkContext, guard_after: int
+):
+    finished = crud.finish_item(
+        session, item=item, attempt_id=attempt_id, result=output.result_row(context.worker)
+    )
+    if finished and output.baseline is not None:
+        crud.check_speedup_guard(
+            session, job_id=context.job_id, min_items=guard_after, threshold=context.settings.guard_threshold
         )
-    for item_id in item_ids:
-        with session_scope(url) as session:
-            job = session.get(Job, job_id, populate_existing=True)
-            if job.status in TERMINAL_JOB_STATUSES:
-                outcome.stopped = True
-                break
-            plain_only = job.guard_tripped
-            claimed = crud.claim_item(session, item_id=item_id, worker=worker)
-        if claimed is None:
+    return finished
+
+
+def _run_item(
+    runner: JobRunner, item_id: int, *, context: _ChunkContext, guard_after: int, outcome: ChunkOutcome
+) -> bool:
+    """Claim, generate and record one item, trying again after an error; False: stop the chunk."""
+    settings, tx, job_id = context.settings, context.tx, context.job_id
+    while True:
+        claimed, plain_only = tx(_claim, item_id=item_id, holder=context.holder, settings=settings)
+        if claimed is crud.Refused.JOB_ENDED:
+            return False
+        if isinstance(claimed, crud.Refused):
             outcome.skipped += 1
-            continue
+            return True
         item, attempt_id = claimed
         try:
             output = runner.decode(item, plain_only=plain_only)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            log.warning("job %s item %s failed: %s\n%s", job_id, item.seq, error, traceback.format_exc())
-            with session_scope(url) as session:
-                crud.fail_item(session, item=item, attempt_id=attempt_id, error=error)
-            outcome.failed += 1
+            if isinstance(exc, PERMANENT_ITEM_ERRORS) or item.attempts >= settings.max_attempts:
+                if item.attempts > 1:
+                    error += f" (attempt {item.attempts} of {settings.max_attempts})"
+                log.warning("job %s item %s failed: %s\n%s", job_id, item.seq, error, traceback.format_exc())
+                tx(crud.fail_item, item=item, attempt_id=attempt_id, error=error)
+                outcome.failed += 1
+                return True
+            delay = retry_delay(settings, item.attempts)
+            log.warning(
+                "job %s item %s: %s; try %d of %d in %.1f s",
+                job_id,
+                item.seq,
+                error,
+                item.attempts + 1,
+                settings.max_attempts,
+                delay,
+            )
+            tx(crud.release_for_retry, item=item, attempt_id=attempt_id, error=error)
+            outcome.retried += 1
+            time.sleep(delay)
             continue
-        with session_scope(url) as session:
-            crud.finish_item(session, item=item, attempt_id=attempt_id, result=output.result_row(worker))
-            if output.baseline is not None:
-                crud.check_speedup_guard(
-                    session, job_id=job_id, min_items=guard_after, threshold=settings.guard_threshold
-                )
-        outcome.done += 1
-
-    with session_scope(url) as session:
-        job = session.get(Job, job_id)
-        if runner.spec.mode is DecodingMode.DRAFT:
-            job.draft_tokens = runner.engine.draft_tokens
-        crud.finalize_job(session, job_id=job_id)
-    return outcome
+        if tx(
+            _finish, item=item, attempt_id=attempt_id, output=output, context=context, guard_after=guard_after
+        ):
+            outcome.done += 1
+        else:
+            log.warning(
+                "job %s item %s: finished after its lease was taken over; result dropped", job_id, item.seq
+            )
+        return True
 
 
 # --- batched decoding (worker/batched.py): several items of a chunk per forward pass -------------
@@ -296,62 +458,78 @@ def batch_size_for(runner: JobRunner, settings: Settings) -> int:
     return _probed_batch_size(spec.model, settings.device, spec.draft_tokens)
 
 
-def _process_chunk_batched(
-    *,
-    settings: Settings,
-    job_id: str,
-    item_ids: list[int],
-    worker: str,
+def _job_flags(session, *, job_id: str) -> tuple[bool, bool]:
+    """(the job ended, the speedup guard switched it to plain decoding)."""
+    status, guard_tripped = session.execute(
+        select(Job.status, Job.guard_tripped).where(Job.id == job_id)
+    ).one()
+    return status in TERMINAL_JOB_STATUSES, guard_tripped
+
+
+def _run_batched(
     runner: JobRunner,
-    batch_size: int,
+    item_ids: list[int],
+    *,
+    context: _ChunkContext,
     guard_after: int,
-) -> ChunkOutcome:
+    outcome: ChunkOutcome,
+    size: int,
+) -> None:
     """Like the one-at-a-time loop, but items are claimed lazily as batch slots free up and written
     as they finish. Sampled items also get their plain batch-1 baseline once they finish (so the
     job's speedup is batched assisted vs plain one-at-a-time); when the speedup guard trips, the
-    batch drains and the rest decodes as batched plain greedy. A crash of the batch fails the
-    items in it; the rest go on."""
-    url = settings.database_url
-    outcome = ChunkOutcome()
+    batch drains and the rest decodes as batched plain greedy. If a batch crashes, its items go
+    back (their try counted) and are run one at a time after the rest, with the usual bounded
+    retries, so a poison item fails alone and its batch-mates finish."""
+    settings, tx, job_id = context.settings, context.tx, context.job_id
     todo = deque(item_ids)
+    alone: list[int] = []
     in_flight: dict[int, tuple[Item, int, list[int]]] = {}
 
     def requests(plain: bool) -> Iterator[BatchRequest]:
         while todo:
             item_id = todo.popleft()
-            with session_scope(url) as session:
-                job = session.get(Job, job_id, populate_existing=True)
-                if job.status in TERMINAL_JOB_STATUSES:
-                    outcome.stopped = True
-                    todo.clear()
-                    return
-                if job.guard_tripped and not plain:  # drain this batch, go on plainly
-                    todo.appendleft(item_id)
-                    return
-                claimed = crud.claim_item(session, item_id=item_id, worker=worker)
-            if claimed is None:
+            ended, guard_tripped = tx(_job_flags, job_id=job_id)
+            if ended:
+                outcome.stopped = True
+                todo.clear()
+                return
+            if guard_tripped and not plain:  # drain this batch, go on plainly
+                todo.appendleft(item_id)
+                return
+            claimed = tx(
+                crud.claim_item,
+                item_id=item_id,
+                worker=context.holder,
+                lease_s=settings.lease_s,
+                max_attempts=settings.max_attempts,
+            )
+            if claimed is crud.Refused.JOB_ENDED:
+                outcome.stopped = True
+                todo.clear()
+                return
+            if isinstance(claimed, crud.Refused):
                 outcome.skipped += 1
                 continue
             item, attempt_id = claimed
             max_new_tokens = runner.options(item).max_new_tokens
             try:
                 input_ids = runner.encode(item.prompt, max_new_tokens)
-            except Exception as exc:
-                _fail(url, item, attempt_id, exc, outcome)
+            except Exception as exc:  # PromptTooLong: no other try can help
+                _fail(context, item, attempt_id, exc, outcome)
                 continue
             in_flight[item.id] = (item, attempt_id, input_ids)
             yield BatchRequest(key=item.id, input_ids=input_ids, max_new_tokens=max_new_tokens)
 
     engine = runner.engine
-    log.info("job %s: %d items, batches of %d", job_id, len(item_ids), batch_size)
+    log.info("job %s: %d items, batches of %d", job_id, len(item_ids), size)
     while todo:
-        with session_scope(url) as session:
-            plain = runner.spec.mode is DecodingMode.NONE or session.get(Job, job_id).guard_tripped
+        plain = runner.spec.mode is DecodingMode.NONE or tx(_job_flags, job_id=job_id)[1]
         decoding = speculative_decode_batch(
             engine.target,
             None if plain else engine.assistant,
             requests(plain),
-            batch_size=batch_size,
+            batch_size=size,
             draft_tokens=engine.draft_tokens,
             eos_token_id=engine.eos_token_id,
         )
@@ -360,26 +538,33 @@ def _process_chunk_batched(
                 key, decoded = next(decoding)
             except StopIteration:
                 break
-            except Exception as exc:  # the batch is lost: fail its items, go on with the rest
+            except Exception as exc:  # the batch is lost: its items go back, to be run one by one
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "job %s: a batch failed (%s); its %d items run alone", job_id, error, len(in_flight)
+                )
                 for item, attempt_id, _ in in_flight.values():
-                    _fail(url, item, attempt_id, exc, outcome)
+                    tx(crud.release_for_retry, item=item, attempt_id=attempt_id, error=error)
+                    alone.append(item.id)
                 in_flight.clear()
                 break
             item, attempt_id, input_ids = in_flight.pop(key)
             output = _batched_output(runner, item, input_ids, decoded, plain=plain)
-            with session_scope(url) as session:
-                crud.finish_item(session, item=item, attempt_id=attempt_id, result=output.result_row(worker))
-                if output.baseline is not None:
-                    crud.check_speedup_guard(
-                        session, job_id=job_id, min_items=guard_after, threshold=settings.guard_threshold
-                    )
-            outcome.done += 1
-
-    with session_scope(url) as session:
-        if runner.spec.mode is DecodingMode.DRAFT:
-            session.get(Job, job_id).draft_tokens = engine.draft_tokens  # constant γ while batched
-        crud.finalize_job(session, job_id=job_id)
-    return outcome
+            if tx(
+                _finish,
+                item=item,
+                attempt_id=attempt_id,
+                output=output,
+                context=context,
+                guard_after=guard_after,
+            ):
+                outcome.done += 1
+    for item_id in alone:
+        if outcome.stopped or not _run_item(
+            runner, item_id, context=context, guard_after=guard_after, outcome=outcome
+        ):
+            outcome.stopped = True
+            break
 
 
 def _batched_output(
@@ -400,9 +585,8 @@ def _batched_output(
     return ItemOutput(decoded=decoded, text=text, mode=mode, baseline=baseline, greedy=True)
 
 
-def _fail(url: str, item: Item, attempt_id: int, exc: Exception, outcome: ChunkOutcome) -> None:
+def _fail(context: _ChunkContext, item: Item, attempt_id: int, exc: Exception, outcome: ChunkOutcome) -> None:
     error = f"{type(exc).__name__}: {exc}"
     log.warning("job %s item %s failed: %s\n%s", item.job_id, item.seq, error, traceback.format_exc())
-    with session_scope(url) as session:
-        crud.fail_item(session, item=item, attempt_id=attempt_id, error=error)
+    context.tx(crud.fail_item, item=item, attempt_id=attempt_id, error=error)
     outcome.failed += 1

@@ -8,8 +8,11 @@ from celery import Celery, Task
 from celery.signals import worker_process_init
 
 from genjob.constants import TASK_GENERATE_CHUNK
+from genjob.db import RETRYABLE_DB_ERRORS
 
 log = logging.getLogger(__name__)
+
+MAX_TASK_RETRY_DELAY_S = 60
 
 
 def register_tasks(app: Celery) -> None:
@@ -29,8 +32,17 @@ def register_tasks(app: Celery) -> None:
         from worker.processing import process_chunk, worker_name  # torch loads in the worker only
 
         worker = self.request.hostname or worker_name()
-        outcome = process_chunk(
-            settings=self.app.genjob_settings, job_id=job_id, item_ids=item_ids, worker=worker
-        )
+        try:
+            outcome = process_chunk(
+                settings=self.app.genjob_settings, job_id=job_id, item_ids=item_ids, worker=worker
+            )
+        except RETRYABLE_DB_ERRORS as exc:
+            # The database stayed away longer than db_retry_s. Acking would lose the chunk's
+            # unreserved items, so queue the chunk again, later (backoff, no limit).
+            if self.request.is_eager:
+                raise
+            delay = min(5 * 2**self.request.retries, MAX_TASK_RETRY_DELAY_S)
+            log.error("job %s: database unavailable (%s); chunk queued again in %d s", job_id, exc, delay)
+            raise self.retry(exc=exc, countdown=delay, max_retries=None) from exc
         log.info("job %s chunk of %d: %s", job_id, len(item_ids), outcome)
         return {"done": outcome.done, "failed": outcome.failed, "skipped": outcome.skipped}

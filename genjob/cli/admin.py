@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from genjob import db
@@ -55,6 +57,9 @@ def worker(queue: str | None, concurrency: int, hostname: str, loglevel: str, ce
         raise click.ClickException("GENJOB_BROKER_URL is not set: a worker needs a broker (redis://…)")
     from worker.celery_app import create_app
 
+    # torch and transformers load here, once, before the pool forks: a pool child that replaces
+    # a crashed one is ready at once (CUDA is first touched in the child, never here).
+    importlib.import_module("worker.processing")
     argv = [
         "worker",
         f"--queues={queue or settings.queue}",

@@ -1,4 +1,4 @@
-"""Job commands: submit, jobs, status, results, stats, cancel, requeue."""
+"""Job commands: submit, jobs, status, results, stats, cancel, requeue, retry."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import tempfile
 import threading
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import click
@@ -16,12 +17,29 @@ from genjob.cli.output import JOBS_HEADER, job_row, job_stats_lines, job_summary
 from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode, DraftSchedule, InputFormat, JobStatus
 from genjob.db import SchemaError, session_scope
 from genjob.dispatch import BrokerUnavailable, enqueue_job, prepare_database, store_job
+from genjob.durations import parse_duration
 from genjob.export import ResultFormat, export_job
 from genjob.inputs import InputFileError
-from genjob.models import Job
+from genjob.models import Job, utcnow
 from genjob.settings import Settings, get_settings
 
 POLL_SECONDS = 0.5
+
+
+class Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def deadline(expire_after: timedelta | None) -> datetime | None:
+    return utcnow() + expire_after if expire_after is not None else None
 
 
 def settings_and_schema() -> Settings:
@@ -34,11 +52,15 @@ def settings_and_schema() -> Settings:
 
 
 def load_job(settings: Settings, job_id: str) -> Job:
+    """The job, ended first if its deadline passed (so it reads right with no worker running)."""
     with session_scope(settings.database_url) as session:
         try:
-            return crud.get_job(session, job_id=job_id)
+            job = crud.get_job(session, job_id=job_id)
         except crud.JobNotFound as exc:
             raise click.ClickException(str(exc)) from exc
+        if job.expires_at is not None and crud.expire_due_jobs(session, job_id=job.id):
+            session.refresh(job)
+        return job
 
 
 def wait_for_job(settings: Settings, job_id: str, *, worker: threading.Thread | None = None) -> Job:
@@ -141,9 +163,20 @@ def _check_name(_ctx: click.Context, _param: click.Parameter, value: str | None)
 )
 @click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
 @click.option("--name", callback=_check_name, help="A name to find the job by.")
+@click.option(
+    "--expire-after",
+    type=Duration(),
+    help="Deadline (30s, 10m, 2h, 1d): the job then ends expired, unstarted items too.",
+)
 @click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
 def submit(
-    prompts: Path, wait: bool, name: str | None, chunk_size: int | None, input_format: str, **options
+    prompts: Path,
+    wait: bool,
+    name: str | None,
+    chunk_size: int | None,
+    input_format: str,
+    expire_after: timedelta | None,
+    **options,
 ) -> None:
     """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
 
@@ -159,7 +192,12 @@ def submit(
         raise click.ClickException(f"invalid job options: {exc}") from exc
     try:
         submitted = store_job(
-            settings, path=prompts, spec=spec, name=name, input_format=InputFormat(input_format)
+            settings,
+            path=prompts,
+            spec=spec,
+            name=name,
+            expires_at=deadline(expire_after),
+            input_format=InputFormat(input_format),
         )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -193,6 +231,7 @@ def list_jobs(status: str | None, limit: int) -> None:
     """List jobs, newest first."""
     settings = settings_and_schema()
     with session_scope(settings.database_url) as session:
+        crud.expire_due_jobs(session)
         rows = crud.list_jobs(session, status=status, limit=limit)
         click.echo(JOBS_HEADER)
         for job in rows:
@@ -281,4 +320,31 @@ def requeue(job_id: str, chunk_size: int | None) -> None:
     click.echo(f"queued {chunks} chunks of job {job.id}")
 
 
-COMMANDS = (submit, list_jobs, status, stats, results, cancel, requeue)
+@click.command()
+@click.argument("job_id")
+@click.option("--expire-after", type=Duration(), help="A new deadline (30s, 10m, 2h, 1d); none by default.")
+@click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
+def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -> None:
+    """Run a job's failed items again; done items keep their results.
+
+    Each failed item gets GENJOB_MAX_ATTEMPTS fresh tries and the job runs
+    until they end. Cancelled and expired jobs are not retried.
+    """
+    settings = settings_and_schema()
+    job = load_job(settings, job_id)
+    with session_scope(settings.database_url) as session:
+        job = crud.get_job(session, job_id=job.id)
+        try:
+            retried = crud.retry_failed_items(session, job=job, expires_at=deadline(expire_after))
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if not retried:
+        raise click.ClickException(f"job {job.id} has no failed items")
+    try:
+        enqueue_job(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
+    except BrokerUnavailable as exc:
+        raise click.ClickException(f"{exc}; once the broker is back: genjob requeue {job.id}") from exc
+    click.echo(f"retrying {retried} failed items of job {job.id}")
+
+
+COMMANDS = (submit, list_jobs, status, stats, results, cancel, requeue, retry)

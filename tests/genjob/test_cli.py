@@ -116,3 +116,59 @@ def test_every_command_has_help() -> None:
         result = CliRunner().invoke(main, [name, "--help"])
         assert result.exit_code == 0, name
         assert command.help, name
+
+
+def test_expire_after_must_be_a_duration(embedded_env: str, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "x"})])
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--expire-after", "10x"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "Error: Invalid value for '--expire-after': '10x' is not a duration like 30s, 10m, 2h, 1d or 1h30m"
+    )
+
+
+@pytest.fixture
+def scripted_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The models replaced by the scripted stand-in (tests/doubles/model_doubles.py)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "doubles"))
+    monkeypatch.setenv("GENJOB_RUNNER_FACTORY", "model_doubles:scripted_runner")
+    monkeypatch.setenv("GENJOB_RETRY_BACKOFF_S", "0")
+    monkeypatch.setenv("GENJOB_BATCH_SIZE", "1")
+
+
+def test_retry_reruns_the_failed_items_only(embedded_env: str, scripted_models, tmp_path: Path) -> None:
+    poison = tmp_path / "poison"
+    poison.touch()
+    write_jsonl(tmp_path / "p.jsonl", ['{"prompt": "a"}', f'{{"prompt": "b poison-while={poison}"}}'])
+    submitted = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--wait"])
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.output.splitlines()[0]
+    assert "completed: 1 done, 1 failed of 2" in submitted.output
+    records = [json.loads(line) for line in CliRunner().invoke(main, ["results", job_id]).output.splitlines()]
+    assert [(r["status"], r["error"]) for r in records] == [
+        ("done", None),
+        ("failed", "PoisonError: poisoned item 1 (attempt 3 of 3)"),
+    ]
+
+    poison.unlink()
+    retried = CliRunner().invoke(main, ["retry", job_id])
+    assert (retried.exit_code, retried.output) == (0, f"retrying 1 failed items of job {job_id}\n")
+    with session_scope(embedded_env) as session:
+        job = session.get(Job, job_id)
+        assert (job.status, job.done, job.failed) == ("completed", 2, 0)
+
+    again = CliRunner().invoke(main, ["retry", job_id])
+    assert (again.exit_code, again.output) == (1, f"Error: job {job_id} has no failed items\n")
+
+
+def test_retry_refuses_a_cancelled_job(embedded_env: str, scripted_models, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", ['{"prompt": "a"}'])
+    job_id = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m"]).output.strip()
+    with session_scope(embedded_env) as session:
+        session.get(Job, job_id).status = "cancelled"
+    result = CliRunner().invoke(main, ["retry", job_id])
+    assert (result.exit_code, result.output) == (
+        1,
+        f"Error: job {job_id} ended cancelled: only failed items of a live, completed or failed job "
+        "are retried\n",
+    )

@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_jsonl
+from conftest import REDIS_URL, write_jsonl
 from sqlalchemy import func, select
 
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.inputs import InputFileError, InputLimits, iter_prompt_file, validate_prompt_file
+from genjob.inputs import (
+    InputFileError,
+    InputLimits,
+    iter_prompt_file,
+    validate_prompt_file,
+    validate_prompt_stream,
+)
 from genjob.models import Item, Job
 
 GOOD = json.dumps({"prompt": "def f():"})
@@ -65,6 +71,40 @@ CASES = [
         "max_new_tokens_not_int",
         ['{"prompt": "a", "max_new_tokens": "5"}'],
         "p.jsonl:1: field 'max_new_tokens': Input should be a valid integer",
+    ),
+    ("string_not_object", [GOOD, '"just a prompt"'], "p.jsonl:2: expected a JSON object, got string"),
+    ("number_not_object", ["42"], "p.jsonl:1: expected a JSON object, got number"),
+    ("null_not_object", ["null"], "p.jsonl:1: expected a JSON object, got null"),
+    (
+        "max_new_tokens_negative",
+        ['{"prompt": "a", "max_new_tokens": -3}'],
+        "p.jsonl:1: field 'max_new_tokens': must be between 1 and 8192, got -3",
+    ),
+    (
+        "max_new_tokens_huge",
+        ['{"prompt": "a", "max_new_tokens": 1000000000000000000000000000000}'],
+        "p.jsonl:1: field 'max_new_tokens': must be between 1 and 8192, got 1000000000000000000000000000000",
+    ),
+    (
+        "max_new_tokens_float",
+        ['{"prompt": "a", "max_new_tokens": 5.0}'],
+        "p.jsonl:1: field 'max_new_tokens': Input should be a valid integer",
+    ),
+    (
+        "max_new_tokens_bool",
+        ['{"prompt": "a", "max_new_tokens": true}'],
+        "p.jsonl:1: field 'max_new_tokens': Input should be a valid integer",
+    ),
+    (
+        "lone_surrogate_in_prompt",
+        ['{"prompt": "a\\ud800"}'],
+        "p.jsonl:1: field 'prompt': Input should be a valid string, unable to parse raw data as a unicode "
+        "string",
+    ),
+    (
+        "bom_not_on_the_first_line",
+        [GOOD, "\ufeff" + GOOD],
+        "p.jsonl:2: invalid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) (column 1)",
     ),
 ]
 
@@ -130,3 +170,122 @@ def test_bom_crlf_blank_lines_and_missing_final_newline_are_accepted(tmp_path: P
         (0, 1, "a", "1", None),
         (1, 3, "b", None, 3),
     ]
+
+
+def submit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str):
+    monkeypatch.chdir(tmp_path)
+    return CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none", *args])
+
+
+def test_truncated_last_line_says_so(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "p.jsonl").write_bytes(f'{GOOD}\n{GOOD}\n{{"prompt": "def g('.encode())
+    before = counts(pg_env)
+    result = submit_file(tmp_path, monkeypatch)
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: p.jsonl:3: invalid JSON: Unterminated string starting at (column 12); "
+        "the file ends in the middle of this line (truncated?)\n"
+    )
+    assert counts(pg_env) == before
+
+
+def test_utf16_file(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "p.jsonl").write_bytes((GOOD + "\n" + GOOD + "\n").encode("utf-16"))
+    before = counts(pg_env)
+    result = submit_file(tmp_path, monkeypatch)
+    assert result.exit_code == 1
+    assert result.output == "Error: p.jsonl:1: the file is UTF-16 (byte order mark ff fe); save it as UTF-8\n"
+    assert counts(pg_env) == before
+
+
+def test_a_one_gigabyte_file_is_refused_before_reading_it(
+    pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (tmp_path / "p.jsonl").open("wb") as sparse:  # 1 GiB on paper, nothing on disk
+        sparse.write(GOOD.encode() + b"\n")
+        sparse.truncate(1 << 30)
+    before = counts(pg_env)
+    result = submit_file(tmp_path, monkeypatch)
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: p.jsonl: the file is 1073741824 bytes, over the limit of 536870912 bytes "
+        "(GENJOB_MAX_UPLOAD_BYTES)\n"
+    )
+    assert counts(pg_env) == before
+
+
+def test_a_stream_over_the_size_limit_stops_there(tmp_path: Path) -> None:
+    """Streams (HTTP uploads) have no size up front: the limit is counted while reading."""
+    import io
+
+    data = (GOOD + "\n").encode() * 200
+    with pytest.raises(InputFileError) as info:
+        validate_prompt_stream(io.BytesIO(data), source="upload", limits=InputLimits(max_file_bytes=1024))
+    assert str(info.value) == (
+        "upload: the file is larger than that, over the limit of 1024 bytes (GENJOB_MAX_UPLOAD_BYTES)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("0", "Error: invalid job options: max_new_tokens must be between 1 and 8192, got 0\n"),
+        ("-5", "Error: invalid job options: max_new_tokens must be between 1 and 8192, got -5\n"),
+        ("100000", "Error: invalid job options: max_new_tokens must be between 1 and 8192, got 100000\n"),
+    ],
+)
+def test_max_new_tokens_option_out_of_range(
+    pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, expected: str
+) -> None:
+    write_jsonl(tmp_path / "p.jsonl", [GOOD])
+    before = counts(pg_env)
+    result = submit_file(tmp_path, monkeypatch, "--max-new-tokens", option)
+    assert (result.exit_code, result.output) == (1, expected)
+    assert counts(pg_env) == before
+
+
+def test_prompt_longer_than_a_local_models_context_is_refused_at_submit(
+    pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_pair: tuple[Path, Path]
+) -> None:
+    target = tiny_pair[0]  # n_positions 512, a tokenizer.json next to its config.json
+    lines = [
+        GOOD,
+        json.dumps({"prompt": "def f(): pass\n" * 200}),
+        json.dumps({"prompt": "x", "max_new_tokens": 600}),
+    ]
+    write_jsonl(tmp_path / "p.jsonl", lines)
+    before = counts(pg_env)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", str(target), "--max-new-tokens", "16"])
+    assert result.exit_code == 1
+    errors = result.output.removeprefix("Error: ").splitlines()
+    assert errors[0].startswith("p.jsonl:2: field 'prompt': ")
+    assert errors[0].endswith(
+        f"tokens + max_new_tokens 16 exceeds the context of 512 tokens of model {target}"
+    )
+    assert errors[1] == (
+        f"p.jsonl:3: field 'prompt': 1 tokens + max_new_tokens 600 exceeds the context of 512 tokens "
+        f"of model {target}"
+    )
+    assert counts(pg_env) == before
+
+
+def test_bom_crlf_and_blank_lines_are_stored_clean(
+    pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue_name: str
+) -> None:
+    monkeypatch.setenv("GENJOB_BROKER_URL", REDIS_URL)  # store and queue only: nothing runs
+    monkeypatch.setenv("GENJOB_QUEUE", queue_name)
+    (tmp_path / "p.jsonl").write_bytes(
+        b'\xef\xbb\xbf\r\n{"prompt": "a\\r\\nb", "id": "x"}\r\n\r\n{"prompt": "c"}'
+    )
+    result = submit_file(tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    with session_scope(pg_env) as session:
+        items = session.scalars(
+            select(Item).where(Item.job_id == result.output.strip()).order_by(Item.seq)
+        ).all()
+        assert [(i.seq, i.line, i.custom_id, i.prompt) for i in items] == [
+            (0, 2, "x", "a\r\nb"),
+            (1, 4, None, "c"),
+        ]
+    assert CliRunner().invoke(main, ["cancel", result.output.strip()]).exit_code == 0  # leave nothing open

@@ -1,0 +1,240 @@
+"""Crashes and outages on real processes lose nothing and duplicate nothing.
+
+Real `genjob worker` processes on real Redis and Postgres, with the models replaced by the
+scripted stand-in (tests/doubles/model_doubles.py) so a kill lands mid-item: SIGKILL of the pool child, of a
+whole worker, a Redis restart (our own redis-server) and Postgres connections terminated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from process_helpers import free_port
+from sqlalchemy import create_engine, text
+from worker_processes import (
+    FAST_RECOVERY,
+    WorkerProcess,
+    exactly_once_report,
+    job_row,
+    prompts_file,
+    run_cli,
+    service_env,
+    submit,
+    wait_for,
+    wait_for_job_end,
+)
+
+from worker.sweeper import broker_mark_key
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator:
+    started: list[WorkerProcess] = []
+
+    def start(name: str, env: dict[str, str]) -> WorkerProcess:
+        worker = WorkerProcess(name, env, tmp_path / f"{name}.log")
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def assert_exactly_once(pg_url: str, job_id: str, items: int) -> dict[str, int]:
+    report = exactly_once_report(pg_url, job_id)
+    assert report == {
+        "items": items,
+        "done_items": items,
+        "results": items,
+        "items_with_one_result": items,
+        "results_matching_prompt": items,
+        "done_attempts": items,
+        "open_attempts": 0,
+        "overlapping_attempts": 0,
+        "job_done_counter": items,
+    }
+    return report
+
+
+def lost_attempts(pg_url: str, job_id: str) -> int:
+    with create_engine(pg_url).connect() as connection:
+        return connection.execute(
+            text(
+                "SELECT count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
+                "WHERE i.job_id = :job AND a.outcome = 'lost'"
+            ),
+            {"job": job_id},
+        ).scalar_one()
+
+
+def slow_job_with_a_marked_item(tmp_path: Path, *, items: int, marked: int) -> tuple[Path, Path]:
+    """Items of 0.3 s each; item ``marked`` writes the pid of the process running it, then takes 5 s."""
+    pid_file = tmp_path / "victim.pid"
+    prompts = [
+        f"item {i} " + (f"pid-file={pid_file} sleep=5" if i == marked else "sleep=0.3") for i in range(items)
+    ]
+    return prompts_file(tmp_path / "prompts.jsonl", prompts), pid_file
+
+
+@pytest.mark.parametrize("victim", ["pool-child", "whole-worker"])
+def test_sigkill_mid_chunk_loses_and_duplicates_nothing(
+    victim: str, pg_url: str, queue_name: str, tmp_path: Path, start_worker
+) -> None:
+    env = service_env(pg_url, queue_name, **FAST_RECOVERY)
+    workers = [start_worker(name, env) for name in (f"{queue_name}-a", f"{queue_name}-b")]
+    path, pid_file = slow_job_with_a_marked_item(tmp_path, items=12, marked=2)
+    job_id = submit(env, path, "--chunk-size", "6")
+
+    pid = int(
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=90, what="item 2 to start")
+    )
+    owner = next(w for w in workers if pid in w.pool_pids())
+    if victim == "pool-child":
+        os.kill(pid, signal.SIGKILL)  # Celery sees WorkerLostError and requeues the message
+    else:
+        owner.kill()  # the message stays unacked in Redis: the other worker's sweeper takes over
+
+    job = wait_for_job_end(pg_url, job_id, timeout=120)
+    assert (job.status, job.done, job.failed) == ("completed", 12, 0), job.error
+    assert_exactly_once(pg_url, job_id, 12)
+    assert lost_attempts(pg_url, job_id) == 1  # the killed try, closed when its lease ran out
+    if victim == "pool-child":
+        assert "WorkerLostError" in owner.log() or "SIGKILL" in owner.log()
+
+
+class RedisServer:
+    """Our own redis-server, without persistence like scripts/services.sh: a restart loses all."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.directory = directory
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._answers, timeout=20, what="redis-server to answer")
+
+    def _answers(self) -> bool:
+        try:
+            return redis.Redis.from_url(self.url, socket_timeout=1).ping()
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=20)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_redis_restart_mid_job_and_submit_during_the_outage(
+    pg_url: str, queue_name: str, tmp_path: Path, own_redis: RedisServer, start_worker
+) -> None:
+    env = service_env(pg_url, queue_name, broker_url=own_redis.url, **FAST_RECOVERY)
+    worker = start_worker(f"{queue_name}-a", env)
+    marked = lambda: redis.Redis.from_url(own_redis.url).exists(broker_mark_key(pg_url))  # noqa: E731
+    wait_for(marked, timeout=90, what="the worker's sweeper to mark the broker")
+
+    path = prompts_file(tmp_path / "p.jsonl", [f"item {i} sleep=0.2" for i in range(20)])
+    job_id = submit(env, path, "--chunk-size", "4")
+    wait_for(lambda: job_row(pg_url, job_id).done >= 2, timeout=90, what="two items done")
+    own_redis.stop()  # the queued chunks are gone with it
+    time.sleep(2)
+    own_redis.start()
+    job = wait_for_job_end(pg_url, job_id, timeout=120)
+    assert (job.status, job.done) == ("completed", 20)
+    assert_exactly_once(pg_url, job_id, 20)
+    assert "queued" in worker.log() and "chunks again" in worker.log()
+
+    own_redis.stop()
+    second = prompts_file(tmp_path / "q.jsonl", [f"again {i}" for i in range(5)])
+    failed = run_cli(env, "submit", str(second), "-m", "scripted", "--mode", "none")
+    assert failed.returncode == 1
+    stored = failed.stdout.strip()
+    assert f"Error: job {stored} is stored but could not be queued on" in failed.stderr
+    assert failed.stderr.rstrip().endswith(f"once the broker is back: genjob requeue {stored}")
+    assert job_row(pg_url, stored).status == "queued"
+    own_redis.start()
+    requeued = run_cli(env, "requeue", stored)
+    assert requeued.returncode == 0, requeued.stderr
+    assert requeued.stdout == f"queued 1 chunks of job {stored}\n"
+    job = wait_for_job_end(pg_url, stored, timeout=90)
+    assert (job.status, job.done) == ("completed", 5)
+    assert_exactly_once(pg_url, stored, 5)
+
+
+def test_postgres_connections_dropped_mid_job(
+    pg_url: str, queue_name: str, tmp_path: Path, start_worker
+) -> None:
+    app_name = f"genjob-{queue_name}"
+    worker_env = service_env(f"{pg_url}?application_name={app_name}", queue_name, **FAST_RECOVERY)
+    worker = start_worker(f"{queue_name}-a", worker_env)
+    path = prompts_file(tmp_path / "p.jsonl", [f"item {i} sleep=0.05" for i in range(40)])
+    job_id = submit(service_env(pg_url, queue_name), path, "--chunk-size", "5")
+
+    database = pg_url.rsplit("/", 1)[1]
+    terminate = text(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = :db AND application_name = :app AND state IN ('active', 'idle in transaction')"
+    )
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    busy_kills = 0
+    with admin.connect() as connection:
+        deadline = time.monotonic() + 90
+        while (
+            busy_kills < 3 and time.monotonic() < deadline and job_row(pg_url, job_id).status != "completed"
+        ):
+            busy_kills += connection.execute(terminate, {"db": database, "app": app_name}).scalar_one()
+        # and every idle one too, once: the pool's pre-ping replaces those
+        connection.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :db AND application_name = :app"
+            ),
+            {"db": database, "app": app_name},
+        )
+    admin.dispose()
+
+    job = wait_for_job_end(pg_url, job_id, timeout=120)
+    assert (job.status, job.done, job.failed) == ("completed", 40, 0)
+    assert_exactly_once(pg_url, job_id, 40)
+    assert busy_kills >= 3, "the job ended before three of its transactions were cut"
+    assert "database error in" in worker.log()  # retried with backoff, then succeeded

@@ -1,0 +1,146 @@
+"""The sweeper: a thread in every worker's main process that keeps jobs moving when workers die.
+
+Every ``sweep_interval_s`` it
+  1. ends jobs past their deadline (``expired``; their pending items too);
+  2. takes back items whose lease ran out (the worker holding them was killed, lost power or
+     froze) and queues them again; without this a SIGKILLed worker's chunk would wait for the
+     broker's visibility timeout (hours);
+  3. notices a broker that lost its queues (Redis restarted without persistence, or flushed):
+     the marker key it keeps there is gone, so it queues the pending items of every live job
+     again (duplicates are harmless: a claim skips items that are final or leased).
+Sweepers on many workers may run at once: reclaiming locks the rows it takes (SKIP LOCKED) and
+the marker is set with SET NX, so each lost item is queued again by one sweeper.
+
+The main process forks the pool's children (again, whenever one dies), and a child forked in
+the middle of a sweep would inherit the locks the sweep thread held (an import, a connection
+pool) and hang on them. So a sweep holds ``SWEEP_LOCK`` throughout and every fork waits for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+from celery import Celery, bootsteps
+
+from genjob import crud, leases
+from genjob.constants import BROKER_MARK_KEY
+from genjob.db import run_transaction, session_scope
+from genjob.dispatch import publish_chunks
+from genjob.models import utcnow
+
+log = logging.getLogger(__name__)
+
+BROKER_MARK_TTL_S = 86400
+SWEEP_LOCK = threading.Lock()
+os.register_at_fork(
+    before=SWEEP_LOCK.acquire, after_in_parent=SWEEP_LOCK.release, after_in_child=SWEEP_LOCK.release
+)
+
+
+def broker_mark_key(database_url: str) -> str:
+    """The marker's key: one per database, so deployments sharing a Redis do not mix."""
+    return f"{BROKER_MARK_KEY}:{hashlib.sha256(database_url.encode()).hexdigest()[:16]}"
+
+
+@dataclass
+class SweepReport:
+    expired_jobs: int = 0
+    reclaimed_items: int = 0
+    recovered_chunks: int = 0
+
+
+class Sweeper:
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.settings = app.genjob_settings
+
+    def sweep(self) -> SweepReport:
+        report = SweepReport()
+        url = self.settings.database_url
+        expired = run_transaction(url, crud.expire_due_jobs)
+        report.expired_jobs = len(expired)
+        if expired:
+            log.warning("jobs past their deadline, now expired: %s", ", ".join(expired))
+        report.reclaimed_items = run_transaction(url, self._requeue_expired_leases)
+        report.recovered_chunks = self._recover_lost_queues()
+        return report
+
+    def _requeue_expired_leases(self, session) -> int:
+        """Queue again, before the reset commits, the items whose workers died."""
+        reclaimed = leases.reclaim_expired_leases(session)
+        for job_id, (queue, item_ids) in reclaimed.items():
+            log.warning("job %s: %d items lost with their worker, queued again", job_id, len(item_ids))
+            chunks = (list(chunk) for chunk in crud.batched(item_ids, self.settings.chunk_size))
+            publish_chunks(self.app, job_id=job_id, queue=queue, chunks=chunks)
+        return sum(len(item_ids) for _, item_ids in reclaimed.values())
+
+    def _recover_lost_queues(self) -> int:
+        broker = self.settings.broker_url or ""
+        if not broker.startswith(("redis://", "rediss://")):
+            return 0
+        import redis
+
+        client = redis.Redis.from_url(broker, socket_timeout=5, socket_connect_timeout=5)
+        key = broker_mark_key(self.settings.database_url)
+        try:
+            if not client.set(key, utcnow().isoformat(), nx=True, ex=BROKER_MARK_TTL_S):
+                client.expire(key, BROKER_MARK_TTL_S)  # kept alive by every sweep, gone a day after the last
+                return 0  # the marker survived: the broker kept its data
+            try:
+                return self._requeue_pending_of_live_jobs()
+            except BaseException:
+                client.delete(key)  # try again at the next sweep
+                raise
+        finally:
+            client.close()
+
+    def _requeue_pending_of_live_jobs(self) -> int:
+        sent = 0
+        with session_scope(self.settings.database_url) as session:
+            for job_id, queue in crud.live_jobs_with_pending_items(session):
+                chunks = crud.pending_item_chunks(
+                    session, job_id=job_id, chunk_size=self.settings.chunk_size, unleased_at=utcnow()
+                )
+                sent += publish_chunks(self.app, job_id=job_id, queue=queue, chunks=chunks)
+        if sent:
+            log.warning(
+                "the broker had lost its queues (no %s): queued %d chunks again", BROKER_MARK_KEY, sent
+            )
+        return sent
+
+
+class SweeperStep(bootsteps.StartStopStep):
+    """Runs a ``Sweeper`` in a daemon thread of the worker's main process (a Celery bootstep)."""
+
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker, **kwargs) -> None:
+        super().__init__(worker, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, worker) -> None:
+        sweeper = Sweeper(worker.app)
+        interval = sweeper.settings.sweep_interval_s
+        self._thread = threading.Thread(target=self._run, args=(sweeper, interval), name="genjob-sweeper")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self, sweeper: Sweeper, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                with SWEEP_LOCK:
+                    sweeper.sweep()
+            except Exception as exc:
+                log.warning("sweep failed (next in %g s): %s", interval, exc)
+
+    def stop(self, worker) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    shutdown = stop
