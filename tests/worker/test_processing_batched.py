@@ -11,7 +11,8 @@ from model_factory import build_model, build_tokenizer
 
 from genjob import crud
 from genjob.db import session_scope
-from genjob.dispatch import store_job
+from genjob.dispatch import input_limits
+from genjob.inputs import iter_prompt_file
 from genjob.jobspec import JobSpec
 from genjob.models import Job
 from genjob.settings import Settings
@@ -38,7 +39,11 @@ def batch_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[dict]]:
-    job_id = store_job(settings, path=path, spec=spec).job_id
+    # Stored without submit's context check, so the too-long prompt reaches the worker, whose own
+    # check (PromptTooLong, for models submit cannot read locally) must fail it inside the batch.
+    with session_scope(settings.database_url) as session:
+        items = iter_prompt_file(path, limits=input_limits(settings))
+        job_id = crud.create_job(session, spec=spec, items=items, queue=settings.queue).id
     with session_scope(settings.database_url) as session:
         (item_ids,) = crud.pending_item_chunks(session, job_id=job_id, chunk_size=100)
     processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test-worker")
