@@ -68,3 +68,24 @@ def test_heuristic_draft_length_is_carried_by_the_engine_not_the_model(models) -
     with torch.no_grad():
         engine.generate(tokenizer("x")["input_ids"], DecodeOptions(max_new_tokens=5))
     assert engine.draft_tokens <= learned
+
+
+DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
+
+
+@pytest.mark.skipif(not (DEMO / "target" / "config.json").exists(), reason="demo pair not present")
+@pytest.mark.parametrize("mode", [DecodingMode.DRAFT, DecodingMode.PROMPT_LOOKUP])
+def test_demo_pair_is_lossless(mode) -> None:
+    """The trained demo pair, on held-out prompts: assisted output == plain greedy output."""
+    import json
+
+    target, draft = load_model(str(DEMO / "target")), load_model(str(DEMO / "draft"))
+    tokenizer = load_tokenizer(str(DEMO / "target"))
+    engine = Engine(target, assistant=draft, mode=mode, draft_tokens=5)
+    lines = (Path(__file__).resolve().parents[2] / "examples" / "prompts.jsonl").read_text().splitlines()
+    for line, max_new_tokens in zip(lines[:4], (8, 24, 40, 17), strict=True):
+        ids = tokenizer(json.loads(line)["prompt"])["input_ids"]
+        options = DecodeOptions(max_new_tokens=max_new_tokens)
+        assisted = engine.generate(ids, options)
+        assert assisted.token_ids == engine.generate(ids, options, mode=DecodingMode.NONE).token_ids
+        assert assisted.stats.target_rounds + assisted.stats.draft_accepted == assisted.stats.new_tokens
