@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REDIS_URL, write_jsonl
+from conftest import write_jsonl
+from process_helpers import service_env
 
 from genjob.db import session_scope
 from genjob.models import Item, Job, Result
@@ -23,18 +24,6 @@ pytestmark = pytest.mark.integration
 
 GENJOB = str(Path(sys.executable).with_name("genjob"))
 PROMPT_STEMS = ["def ", "import ", "class ", "return ", "for x in ", "if not ", "while ", "    self."]
-
-
-def service_env(pg_url: str, queue: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
-    env.update(
-        GENJOB_DATABASE_URL=pg_url,
-        GENJOB_BROKER_URL=REDIS_URL,
-        GENJOB_QUEUE=queue,
-        GENJOB_TORCH_THREADS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 @pytest.fixture
