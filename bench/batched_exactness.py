@@ -27,7 +27,17 @@ from worker.loading import load_model, load_tokenizer
 log = logging.getLogger("bench.batched_exactness")
 
 
-def reference_logits(target, prompt: list[int], max_new: int) -> tuple[list[int], torch.Tensor]:
+def generate_logits(
+    target, prompt: list[int], max_new: int, *, draft=None, gamma: int = 0
+) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy ``generate``, batch 1: plain, or assisted by ``draft`` with constant γ;
+    the new tokens and the target's logits of each, (n, V)."""
+    assisted = {}
+    if draft is not None:
+        config = draft.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+        config.assistant_confidence_threshold = 0.0
+        assisted = {"assistant_model": draft}
     ids = torch.tensor([prompt])
     out = target.generate(
         ids,
@@ -38,26 +48,7 @@ def reference_logits(target, prompt: list[int], max_new: int) -> tuple[list[int]
         pad_token_id=0,
         output_logits=True,
         return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits)  # (n, V)
-
-
-def assisted_logits(target, draft, prompt: list[int], max_new: int, gamma: int):
-    """transformers' batch-1 assisted generation, with the target's logits of every new token."""
-    config = draft.generation_config
-    config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
-    config.assistant_confidence_threshold = 0.0
-    ids = torch.tensor([prompt])
-    out = target.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        assistant_model=draft,
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
+        **assisted,
     )
     return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits)
 
@@ -72,7 +63,7 @@ def prefill_logits(target, prompt: list[int]) -> torch.Tensor:
             position_ids=torch.arange(len(prompt))[None],
             use_cache=True,
             logits_to_keep=1,
-            **{batched._cache_kwarg(target): batched.DynamicCache(config=target.config)},
+            **{batched.cache_kwarg(target): batched.DynamicCache(config=target.config)},
         )
     return out.logits[:, -1]
 
@@ -137,9 +128,10 @@ def main() -> None:
         batched.verify = original
 
     with torch.inference_mode():
-        references = [reference_logits(target, p, args.max_new_tokens) for p in prompts]
+        references = [generate_logits(target, p, args.max_new_tokens) for p in prompts]
         hf_assisted = [
-            assisted_logits(target, draft, p, args.max_new_tokens, args.draft_tokens) for p in prompts
+            generate_logits(target, p, args.max_new_tokens, draft=draft, gamma=args.draft_tokens)
+            for p in prompts
         ]
     ours_dev, margins = [], []
     for keys, starts, inputs, logits in records:

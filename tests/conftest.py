@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 
 from genjob import db
 from genjob.settings import get_settings
+from worker.sweeper import BROKER_MARK_TTL_S, broker_mark_key
 
 PG_ADMIN_URL = os.environ.get(
     "GENJOB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -67,9 +68,16 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh Postgres database migrated to head, for this test session."""
+    import redis
+
     url = create_pg_database()
     db.upgrade(url)
+    # The broker has lost nothing of a new database: mark it, or the first worker's sweeper would
+    # queue again every pending item of the session's earlier jobs, into queues long deleted.
+    broker, mark = redis.Redis.from_url(REDIS_URL), broker_mark_key(url)
+    broker.set(mark, "test session", ex=BROKER_MARK_TTL_S)
     yield url
+    broker.delete(mark)
     drop_pg_database(url)
 
 

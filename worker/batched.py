@@ -52,7 +52,6 @@ finish.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -62,7 +61,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
-from worker.engine import Decoded, DecodeStats
+from worker.engine import Decoded, DecodeStats, cache_kwarg
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +71,13 @@ class BatchRequest:
     key: int  # the caller's handle, returned with the result
     input_ids: list[int]
     max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        # checked here, not mid-batch: a bad request would otherwise cost its batch-mates their batch
+        if not self.input_ids:
+            raise ValueError(f"request {self.key}: empty input_ids (a prompt needs at least one token)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.key}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 @dataclass
@@ -157,16 +163,6 @@ class SlotCache(Cache):
                 setattr(layer, name, new)
 
 
-def _cache_kwarg(model: PreTrainedModel) -> str:
-    """transformers 5.24 renamed ``past_key_values`` to ``cache``; accept either."""
-    return _CACHE_KWARG.setdefault(
-        type(model), "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    )
-
-
-_CACHE_KWARG: dict[type, str] = {}
-
-
 def _attention_mask(model: PreTrainedModel, allowed: torch.Tensor) -> torch.Tensor:
     """The boolean (B, 1, q, width) mask as this model's attention wants it."""
     implementation = model.config._attn_implementation
@@ -208,7 +204,7 @@ def forward_step(
         attention_mask=_attention_mask(model, allowed[:, None]),
         position_ids=positions,
         use_cache=True,
-        **{_cache_kwarg(model): cache},
+        **{cache_kwarg(model): cache},
     )
     return out.logits
 
@@ -223,7 +219,7 @@ def prefill(model: PreTrainedModel, input_ids: list[int]) -> tuple[int, DynamicC
         position_ids=torch.arange(ids.shape[1], device=ids.device)[None],
         use_cache=True,
         logits_to_keep=1,
-        **{_cache_kwarg(model): cache},
+        **{cache_kwarg(model): cache},
     )
     if not all(type(layer) is DynamicLayer for layer in cache.layers):
         raise NotImplementedError("batched decoding supports full-attention (DynamicLayer) caches only")
@@ -458,7 +454,7 @@ def probe_batch_size(
     def seconds(b: int) -> float:
         template = DynamicCache(config=target.config)
         ids = torch.zeros(1, context, dtype=torch.long, device=device)
-        target(input_ids=ids, use_cache=True, logits_to_keep=1, **{_cache_kwarg(target): template})
+        target(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(target): template})
         cache = SlotCache(template, b, context + q)
         lengths = torch.full((b,), context, dtype=torch.long, device=device)
         tokens = torch.zeros(b, q, dtype=torch.long, device=device)

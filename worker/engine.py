@@ -17,6 +17,7 @@ Counting, per item (transformers calls the target once per verification round):
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from collections.abc import Iterator
@@ -211,13 +212,25 @@ class Engine:
         )
 
 
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The forward's cache argument: ``cache`` in newer transformers (``past_key_values`` is
+    deprecated there), ``past_key_values`` in older ones; accept either."""
+    return _CACHE_KWARG.setdefault(
+        type(model), "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
+
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
 def forward_seconds(model: PreTrainedModel, prompt_ids: list[int], *, repeats: int = 12) -> float:
     """Median time of one cached 1-token forward after a prefill of ``prompt_ids`` (a decode step)."""
     device = model.device
     with torch.inference_mode():
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
         cache = DynamicCache()
-        logits = model(prompt, past_key_values=cache, use_cache=True).logits  # [1, T, V]
+        cache_arg = {cache_kwarg(model): cache}
+        logits = model(prompt, use_cache=True, **cache_arg).logits  # [1, T, V]
         token = logits[:, -1:].argmax(-1)  # [1, 1]
         length = len(prompt_ids)
         times = []
@@ -225,8 +238,8 @@ def forward_seconds(model: PreTrainedModel, prompt_ids: list[int], *, repeats: i
             started = time.perf_counter()
             model(
                 token,
-                past_key_values=cache,
                 use_cache=True,
+                **cache_arg,
                 position_ids=torch.tensor([[length]], device=device),
             )
             times.append(time.perf_counter() - started)

@@ -515,11 +515,12 @@ def _run_batched(
             max_new_tokens = runner.options(item).max_new_tokens
             try:
                 input_ids = runner.encode(item.prompt, max_new_tokens)
-            except Exception as exc:  # PromptTooLong: no other try can help
+                request = BatchRequest(key=item.id, input_ids=input_ids, max_new_tokens=max_new_tokens)
+            except Exception as exc:  # PromptTooLong, an empty prompt: no other try can help
                 _fail(context, item, attempt_id, exc, outcome)
                 continue
             in_flight[item.id] = (item, attempt_id, input_ids)
-            yield BatchRequest(key=item.id, input_ids=input_ids, max_new_tokens=max_new_tokens)
+            yield request
 
     engine = runner.engine
     log.info("job %s: %d items, batches of %d", job_id, len(item_ids), size)

@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass
 
 from celery import Celery, bootsteps
+from sqlalchemy.engine import make_url
 
 from genjob import crud, leases
 from genjob.constants import BROKER_MARK_KEY
@@ -42,8 +43,15 @@ os.register_at_fork(
 
 
 def broker_mark_key(database_url: str) -> str:
-    """The marker's key: one per database, so deployments sharing a Redis do not mix."""
-    return f"{BROKER_MARK_KEY}:{hashlib.sha256(database_url.encode()).hexdigest()[:16]}"
+    """The marker's key: one per database, so deployments sharing a Redis do not mix.
+
+    It names the database (backend, host, port, name), not the URL: the driver, the password and
+    query options (``?application_name=``, ``sslmode=``) differ between the API, the CLI and the
+    workers of one deployment, and a worker that found no marker under its own spelling would
+    think the broker had lost its queues and queue every pending item again."""
+    url = make_url(database_url)
+    identity = f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
+    return f"{BROKER_MARK_KEY}:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
 @dataclass

@@ -63,6 +63,15 @@ def load_job(settings: Settings, job_id: str) -> Job:
         return job
 
 
+def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int) -> int:
+    """Queue the job's pending items; a broker that does not answer is the user's error, with the
+    command that queues them once it is back (the items are stored: nothing is lost)."""
+    try:
+        return enqueue_job(settings, job_id=job_id, chunk_size=chunk_size)
+    except BrokerUnavailable as exc:
+        raise click.ClickException(f"{exc}; once the broker is back: genjob requeue {job_id}") from exc
+
+
 def wait_for_job(settings: Settings, job_id: str, *, worker: threading.Thread | None = None) -> Job:
     """Follow a job with a progress bar (stderr) until it ends."""
     from rich.console import Console
@@ -211,11 +220,7 @@ def submit(
         if runner.error is not None:
             raise click.ClickException(f"job {submitted.job_id} crashed: {runner.error}")
     else:
-        try:
-            enqueue_job(settings, job_id=submitted.job_id, chunk_size=chunk_size)
-        except BrokerUnavailable as exc:
-            hint = f"once the broker is back: genjob requeue {submitted.job_id}"
-            raise click.ClickException(f"{exc}; {hint}") from exc
+        enqueue_or_explain(settings, job_id=submitted.job_id, chunk_size=chunk_size)
         job = wait_for_job(settings, submitted.job_id) if wait else None
     if wait:
         job = load_job(settings, submitted.job_id)
@@ -313,10 +318,7 @@ def requeue(job_id: str, chunk_size: int | None) -> None:
     job = load_job(settings, job_id)
     if job.status in TERMINAL_JOB_STATUSES:
         raise click.ClickException(f"job {job.id} already ended ({job.status})")
-    try:
-        chunks = enqueue_job(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
-    except BrokerUnavailable as exc:
-        raise click.ClickException(str(exc)) from exc
+    chunks = enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
     click.echo(f"queued {chunks} chunks of job {job.id}")
 
 
@@ -340,10 +342,7 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
             raise click.ClickException(str(exc)) from exc
     if not retried:
         raise click.ClickException(f"job {job.id} has no failed items")
-    try:
-        enqueue_job(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
-    except BrokerUnavailable as exc:
-        raise click.ClickException(f"{exc}; once the broker is back: genjob requeue {job.id}") from exc
+    enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
     click.echo(f"retrying {retried} failed items of job {job.id}")
 
 

@@ -244,3 +244,12 @@ def test_demo_pair_is_lossless_at_every_batch_size() -> None:
         for request in requests:
             expected = reference(request.input_ids, request.max_new_tokens, eos)
             check_row(request, results[request.key], expected, eos)
+
+
+@pytest.mark.parametrize(
+    ("input_ids", "max_new_tokens", "message"),
+    [([], 8, "empty input_ids"), ([5, 6], 0, "max_new_tokens must be >= 1")],
+)
+def test_a_bad_request_is_refused_before_it_joins_a_batch(input_ids, max_new_tokens, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        BatchRequest(key=7, input_ids=input_ids, max_new_tokens=max_new_tokens)
