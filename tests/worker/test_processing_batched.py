@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
 from model_factory import build_model, build_tokenizer
+from sqlalchemy import select
 
 from genjob import crud
 from genjob.db import session_scope
 from genjob.dispatch import input_limits
 from genjob.inputs import iter_prompt_file
 from genjob.jobspec import JobSpec
-from genjob.models import Job
+from genjob.models import Attempt, Item, Job, utcnow
 from genjob.settings import Settings
 from worker import processing
 from worker.loading import load_model
@@ -147,3 +149,94 @@ def test_batch_size_comes_from_the_job_then_the_setting(tiny_pair: tuple[Path, P
     assert processing.batch_size_for(runner, Settings(batch_size=6)) == 1  # sampling: one at a time
     probed = processing.batch_size_for(processing.JobRunner.build(spec, device="cpu"), Settings())
     assert 1 <= probed <= 32
+
+
+def draft_spec(tiny_pair: tuple[Path, Path], batch_size: int) -> JobSpec:
+    target, draft = tiny_pair
+    return JobSpec(
+        model=str(target),
+        assistant=str(draft),
+        max_new_tokens=10,
+        draft_tokens=3,
+        baseline_fraction=0,
+        batch_size=batch_size,
+    )
+
+
+def item_states(settings: Settings, job_id: str) -> list[tuple[str, str | None, datetime | None]]:
+    with session_scope(settings.database_url) as session:
+        rows = session.execute(
+            select(Item.status, Item.claimed_by, Item.lease_expires_at).where(Item.job_id == job_id)
+        )
+        return [tuple(row) for row in rows]
+
+
+def test_items_are_claimed_as_batch_slots_free_up_and_hold_live_leases(
+    pg_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never more items running than the batch has slots, each with this worker's live lease."""
+    settings = Settings(database_url=pg_url)
+    seen: list[list[tuple]] = []
+    real = processing.speculative_decode_batch
+
+    def watching(target, draft, requests, **kwargs):
+        for key, decoded in real(target, draft, requests, **kwargs):
+            seen.append(item_states(settings, job_id))  # before the worker records this row
+            yield key, decoded
+
+    monkeypatch.setattr(processing, "speculative_decode_batch", watching)
+    path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS])
+    with session_scope(settings.database_url) as session:
+        items = iter_prompt_file(path, limits=input_limits(settings))
+        job_id = crud.create_job(session, spec=draft_spec(tiny_pair, 3), items=items, queue=settings.queue).id
+    with session_scope(settings.database_url) as session:
+        (item_ids,) = crud.pending_item_chunks(session, job_id=job_id, chunk_size=100)
+    outcome = processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="w1")
+
+    assert outcome.done == len(PROMPTS) and len(seen) == len(PROMPTS)
+    holder = processing.lease_holder("w1")
+    for states in seen:
+        running = [state for state in states if state[0] == "running"]
+        assert 1 <= len(running) <= 3
+        assert all(by == holder and lease > utcnow() for _, by, lease in running)
+    assert seen[-1].count(("done", holder, None)) == len(PROMPTS) - 1  # done: who did it, no lease
+    assert all(status == "done" for status, _, _ in item_states(settings, job_id))
+
+
+def test_a_crashed_batch_sends_its_items_back_and_they_finish_one_at_a_time(
+    pg_url: str, tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch dies when it asks for a 5th request: the rows in flight (the 4th among them) go
+    back (their try counted, the error kept on the attempt) and decode alone; nothing is lost."""
+    real = processing.speculative_decode_batch
+    crashes = []
+
+    def crashing(target, draft, requests, **kwargs):
+        def pulled():
+            for count, request in enumerate(requests, 1):
+                yield request
+                if count == 4 and not crashes:
+                    crashes.append(request.key)
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        yield from real(target, draft, pulled(), **kwargs)
+
+    monkeypatch.setattr(processing, "speculative_decode_batch", crashing)
+    settings = Settings(database_url=pg_url, retry_backoff_s=0.01)
+    path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS])
+    job, rows = run_job(settings, path, draft_spec(tiny_pair, 3))
+    _, reference = run_job(settings, path, draft_spec(tiny_pair, 1))
+
+    assert crashes and (job.status, job.done, job.failed) == ("completed", len(PROMPTS), 0)
+    assert [row["output"] for row in rows] == [row["output"] for row in reference]
+    with session_scope(settings.database_url) as session:
+        attempts = session.execute(
+            select(Item.seq, Item.attempts, Attempt.outcome, Attempt.error)
+            .join(Attempt, Attempt.item_id == Item.id)
+            .where(Item.job_id == job.id)
+            .order_by(Item.seq, Attempt.id)
+        ).all()
+    lost = {seq for seq, _, outcome, error in attempts if error and "illegal memory access" in error}
+    assert 1 <= len(lost) <= 4  # the rows in flight when it crashed, the 4th among them
+    for seq, tries, _, _ in attempts:
+        assert tries == (2 if seq in lost else 1)
