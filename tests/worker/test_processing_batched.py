@@ -40,14 +40,20 @@ def batch_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[dict]]:
-    # Stored without submit's context check, so the too-long prompt reaches the worker, whose own
-    # check (PromptTooLong, for models submit cannot read locally) must fail it inside the batch.
+def store_one_chunk(settings: Settings, path: Path, spec: JobSpec) -> tuple[str, list[int]]:
+    """(job id, its item ids as one chunk). Stored without submit's context check, so a too-long
+    prompt reaches the worker, whose own check (PromptTooLong, for models submit cannot read
+    locally) must fail it inside the batch."""
     with session_scope(settings.database_url) as session:
         items = iter_prompt_file(path, limits=input_limits(settings))
         job_id = crud.create_job(session, spec=spec, items=items, queue=settings.queue).id
     with session_scope(settings.database_url) as session:
         (item_ids,) = crud.pending_item_chunks(session, job_id=job_id, chunk_size=100)
+    return job_id, item_ids
+
+
+def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[dict]]:
+    job_id, item_ids = store_one_chunk(settings, path, spec)
     processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test-worker")
     with session_scope(settings.database_url) as session:
         job = crud.get_job(session, job_id=job_id)
@@ -186,11 +192,7 @@ def test_items_are_claimed_as_batch_slots_free_up_and_hold_live_leases(
 
     monkeypatch.setattr(processing, "speculative_decode_batch", watching)
     path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS])
-    with session_scope(settings.database_url) as session:
-        items = iter_prompt_file(path, limits=input_limits(settings))
-        job_id = crud.create_job(session, spec=draft_spec(tiny_pair, 3), items=items, queue=settings.queue).id
-    with session_scope(settings.database_url) as session:
-        (item_ids,) = crud.pending_item_chunks(session, job_id=job_id, chunk_size=100)
+    job_id, item_ids = store_one_chunk(settings, path, draft_spec(tiny_pair, 3))
     outcome = processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="w1")
 
     assert outcome.done == len(PROMPTS) and len(seen) == len(PROMPTS)
@@ -231,12 +233,12 @@ def test_a_crashed_batch_sends_its_items_back_and_they_finish_one_at_a_time(
     assert [row["output"] for row in rows] == [row["output"] for row in reference]
     with session_scope(settings.database_url) as session:
         attempts = session.execute(
-            select(Item.seq, Item.attempts, Attempt.outcome, Attempt.error)
+            select(Item.seq, Item.attempts, Attempt.error)
             .join(Attempt, Attempt.item_id == Item.id)
             .where(Item.job_id == job.id)
             .order_by(Item.seq, Attempt.id)
         ).all()
-    lost = {seq for seq, _, outcome, error in attempts if error and "illegal memory access" in error}
+    lost = {seq for seq, _, error in attempts if error and "illegal memory access" in error}
     assert 1 <= len(lost) <= 4  # the rows in flight when it crashed, the 4th among them
-    for seq, tries, _, _ in attempts:
+    for seq, tries, _ in attempts:
         assert tries == (2 if seq in lost else 1)
