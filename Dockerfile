@@ -26,9 +26,10 @@ COPY pyproject.toml README.md ./
 COPY genjob ./genjob
 COPY worker ./worker
 COPY api ./api
+COPY generation ./generation
 COPY migrations ./migrations
-# Editable, so that migrations/ next to the code is where genjob.db looks for it.
-RUN pip install -e .
+# A normal install: the migrations ship inside the package (genjob.migrations).
+RUN pip install ".[worker,api]"
 
 USER genjob
 EXPOSE 8000 5555

@@ -15,12 +15,12 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import is_loopback
-from api.errors import install_error_handlers
-from api.routes import health, jobs
 from genjob import __version__
-from genjob.dispatch import prepare_database
+from genjob.api.deps import is_loopback
+from genjob.api.errors import install_error_handlers
+from genjob.api.routes import health, jobs
 from genjob.settings import Settings, get_settings
+from genjob.submit import prepare_database
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from api.errors import ApiError
-from genjob import crud
+from genjob import store
+from genjob.api.errors import ApiError
 from genjob.db import session_scope
-from genjob.models import Job
 from genjob.settings import Settings
+from genjob.tables import Job
 
 bearer = HTTPBearer(auto_error=False, description="An API key from GENJOB_API_KEYS.")
 
@@ -85,8 +85,8 @@ JobIdPath = Annotated[
 
 def get_job(job_id: JobIdPath, session: SessionDep) -> Job:
     try:
-        return crud.get_job(session, job_id=job_id)
-    except crud.JobNotFound as exc:
+        return store.get_job(session, job_id=job_id)
+    except store.JobNotFound as exc:
         raise ApiError(404, "not_found", str(exc)) from exc
 
 

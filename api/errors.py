@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from genjob.inputs import InputFileError
+from genjob.formats.lines import InputFileError
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from genjob import crud
 from genjob.constants import DecodingMode, DraftSchedule, InputFormat, JobStatus
-from genjob.models import Job
+from genjob.stats import job_stats
+from genjob.tables import Job
 
 NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
 
@@ -96,7 +96,7 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobOut:
         stats = {name: getattr(job, name) for name in JobStatsOut.model_fields if hasattr(job, name)}
-        derived = asdict(crud.job_stats(job))
+        derived = asdict(job_stats(job))
         stats.update({name: value for name, value in derived.items() if name in JobStatsOut.model_fields})
         return cls(
             id=job.id,

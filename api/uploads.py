@@ -17,7 +17,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from api.errors import ApiError
+from genjob.api.errors import ApiError
 
 SPOOL_MEMORY_BYTES = 1 << 20  # beyond this the spool rolls over to disk
 MULTIPART_OVERHEAD_BYTES = 64 << 10  # boundaries and part headers around the file

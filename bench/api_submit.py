@@ -23,11 +23,11 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
-from api.app import create_app
+from genjob.api.app import create_app
 from genjob.cli import main as cli
 from genjob.db import session_scope
-from genjob.models import Job
 from genjob.settings import Settings, get_settings
+from genjob.tables import Job
 
 API_KEY = "bench"
 

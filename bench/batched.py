@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from worker.batched import BatchRequest, speculative_decode_batch
-from worker.loading import load_model, load_tokenizer
+from genjob.generation.batched import BatchRequest, speculative_decode_batch
+from genjob.generation.loading import load_model, load_tokenizer
 
 log = logging.getLogger("bench.batched")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from worker import batched
-from worker.batched import BatchRequest, speculative_decode_batch
-from worker.loading import load_model, load_tokenizer
+from genjob.generation import batched
+from genjob.generation.batched import BatchRequest, speculative_decode_batch
+from genjob.generation.loading import load_model, load_tokenizer
 
 log = logging.getLogger("bench.batched_exactness")
 

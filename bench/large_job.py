@@ -29,7 +29,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from genjob import db
-from worker.sweeper import broker_mark_key
+from genjob.worker.sweeper import broker_mark_key
 
 ROOT = Path(__file__).resolve().parent.parent
 GENJOB = str(Path(sys.executable).with_name("genjob"))
@@ -55,7 +55,6 @@ def env_for(url: str, queue: str, chunk_size: int) -> dict[str, str]:
         GENJOB_BROKER_URL=REDIS_URL,
         GENJOB_QUEUE=queue,
         GENJOB_CHUNK_SIZE=str(chunk_size),
-        GENJOB_RUNNER_FACTORY="model_doubles:scripted_runner",
         GENJOB_BATCH_SIZE="1",  # the stand-in decodes one item at a time
         GENJOB_TORCH_THREADS="1",
         PYTHONPATH=str(DOUBLES),
@@ -116,7 +115,20 @@ def main() -> None:
         for n in range(args.workers):
             workers.append(
                 subprocess.Popen(
-                    [GENJOB, "worker", "-Q", queue, "-c", "1", "-n", f"{queue}-{n}@%h", "-l", "WARNING"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "scripted_worker",
+                        "worker",
+                        "-Q",
+                        queue,
+                        "-c",
+                        "1",
+                        "-n",
+                        f"{queue}-{n}@%h",
+                        "-l",
+                        "WARNING",
+                    ],
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

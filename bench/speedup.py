@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from genjob.constants import DecodingMode, DraftSchedule
-from genjob.crud import expected_speedup, iid_acceptance
-from worker.engine import DecodeOptions, Engine, cost_ratio
-from worker.loading import load_model, load_tokenizer
+from genjob.generation.costs import cost_ratio
+from genjob.generation.engine import DecodeOptions, Engine
+from genjob.generation.loading import load_model, load_tokenizer
+from genjob.stats import expected_speedup, iid_acceptance
 
 log = logging.getLogger("bench.speedup")
 

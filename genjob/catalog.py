@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from genjob.constants import DecodingMode
-from genjob.jobspec import JobSpec
+from genjob.options import JobSpec
 from genjob.settings import ModelEntry, Settings
 
 

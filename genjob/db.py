@@ -6,6 +6,7 @@ Embedded mode (SQLite) migrates itself on first use; Postgres is migrated with `
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import os
 import random
@@ -22,7 +23,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # A dropped or refused connection, a server shutting down, a deadlock or SQLite's "database is locked".
 RETRYABLE_DB_ERRORS = (exc.OperationalError, exc.InterfaceError)
 MAX_RETRY_DELAY_S = 5.0
@@ -90,7 +90,7 @@ def run_transaction(url: str, fn: Callable[..., T], /, *, retry_s: float = 0.0, 
     A dropped connection (say ``pg_terminate_backend``), a restarting server or a lock timeout
     rolls the transaction back; it is run again after 0.05 s, 0.1 s, 0.2 s … (capped at 5 s,
     with jitter) for up to ``retry_s`` seconds, then the error is raised. ``fn`` must be safe to
-    repeat, since a commit whose answer was lost is retried too: every write in ``genjob.crud``
+    repeat, since a commit whose answer was lost is retried too: every write in ``genjob.store``
     is a conditional update that does nothing the second time.
     """
     deadline = time.monotonic() + retry_s
@@ -111,11 +111,16 @@ def run_transaction(url: str, fn: Callable[..., T], /, *, retry_s: float = 0.0, 
             delay = min(delay * 2, MAX_RETRY_DELAY_S)
 
 
+def migrations_dir() -> Path:
+    """The Alembic scripts, shipped inside the package (``genjob.migrations``), wherever it is installed."""
+    return Path(str(importlib.resources.files("genjob.migrations")))
+
+
 def alembic_config(url: str):
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 

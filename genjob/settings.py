@@ -87,11 +87,6 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a worker retries a database write after a dropped connection.",
     )
-    runner_factory: str | None = Field(
-        default=None,
-        description="Tests and benchmarks only: 'module:function' building a stand-in for the "
-        "models (same interface as worker.processing.JobRunner.build).",
-    )
     device: str = Field(default="auto", description="torch device for workers: auto, cpu, cuda, cuda:1…")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
     # The HTTP API (``genjob api``).

@@ -3,8 +3,8 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from genjob.models import Base
 from genjob.settings import Settings
+from genjob.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from genjob import crud
+from genjob import store
 from genjob.db import session_scope
 from genjob.settings import Settings
 
@@ -18,9 +18,9 @@ def jsonl(records: list[dict]) -> bytes:
 
 def run_pending_here(settings: Settings, job_id: str) -> None:
     """Run the job's pending chunks in this process through the worker's own code (no worker needed)."""
-    from worker.processing import process_chunk
+    from genjob.worker.chunks import process_chunk
 
     with session_scope(settings.database_url) as session:
-        chunks = list(crud.pending_item_chunks(session, job_id=job_id, chunk_size=settings.chunk_size))
+        chunks = list(store.pending_item_chunks(session, job_id=job_id, chunk_size=settings.chunk_size))
     for item_ids in chunks:
         process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test")

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from genjob import db
 from genjob.settings import get_settings
-from worker.sweeper import BROKER_MARK_TTL_S, broker_mark_key
+from genjob.worker.sweeper import BROKER_MARK_TTL_S, broker_mark_key
 
 PG_ADMIN_URL = os.environ.get(
     "GENJOB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

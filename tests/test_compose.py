@@ -98,5 +98,5 @@ def test_the_dockerfile_installs_torch_then_the_package() -> None:
     assert installs[0][2].startswith("torch==")
     assert installs[-1] == ["pip", "install", "-e", "."]
     copied = {line.split()[1] for line in lines if line.startswith("COPY ")}
-    assert {"genjob", "worker", "api", "migrations", "pyproject.toml"} <= copied
+    assert {"genjob", "worker", "api", "generation", "migrations", "pyproject.toml"} <= copied
     assert json.loads(lines[-1].removeprefix("CMD "))[0] == "genjob"

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,17 +21,19 @@ from process_helpers import GENJOB
 from sqlalchemy import text
 
 from genjob.db import get_engine, session_scope
-from genjob.models import Job
+from genjob.tables import Job
 
 # On the workers' path: only the doubles (tests/ itself has genjob/ and worker/ folders).
 DOUBLES_DIR = Path(__file__).resolve().parent / "doubles"
 
-# Short leases and sweeps, quick retries, and the scripted stand-in for the models.
+# `genjob` with the scripted stand-in for the models (tests/doubles/scripted_worker.py).
+SCRIPTED_GENJOB = [sys.executable, "-m", "scripted_worker"]
+
+# Short leases and sweeps, quick retries.
 FAST_RECOVERY = {
     "lease_s": "5",
     "sweep_interval_s": "0.5",
     "retry_backoff_s": "0.1",
-    "runner_factory": "model_doubles:scripted_runner",
     "batch_size": "1",  # the stand-in decodes one item at a time (worker/batched.py needs real models)
 }
 
@@ -52,7 +55,7 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.process = subprocess.Popen(
-            [GENJOB, "-v", "worker", "-Q", env["GENJOB_QUEUE"], "-c", "1", "-n", f"{name}@%h"],
+            [*SCRIPTED_GENJOB, "-v", "worker", "-Q", env["GENJOB_QUEUE"], "-c", "1", "-n", f"{name}@%h"],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

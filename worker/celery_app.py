@@ -1,8 +1,8 @@
 """The Celery app: built from Settings, with the options a GPU batch worker needs.
 
-``celery -A worker.celery_app worker`` (or ``genjob worker``) uses the module-level ``app``;
-producers and tests build their own with ``create_app(settings)``, no global is swapped.
-Without a broker the app is eager: tasks run in the calling process (the embedded mode).
+``celery -A genjob.worker.celery_app worker`` (or ``genjob worker``) uses the module-level ``app``;
+tests build their own with ``create_app(settings)``, no global is swapped. Producers need none of
+this: they send by task name (``genjob.queueing``). Must not know: HTTP, the CLI.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from genjob.settings import Settings, get_settings
 
 @lru_cache(maxsize=8)
 def create_app(settings: Settings) -> Celery:
+    """The worker's app for ``settings``: tasks registered, the sweeper added to the worker."""
     app = Celery("genjob", broker=settings.broker_url or "memory://", set_as_current=False)
     app.conf.update(
         task_default_queue=settings.queue,
@@ -37,11 +38,11 @@ def create_app(settings: Settings) -> Celery:
         task_routes={TASK_GENERATE_CHUNK: {"queue": settings.queue}},
     )
     app.genjob_settings = settings
-    from worker.tasks import register_tasks
+    from genjob.worker.tasks import register_tasks
 
     register_tasks(app)
     if not settings.embedded:
-        from worker.sweeper import SweeperStep
+        from genjob.worker.sweeper import SweeperStep
 
         app.steps["worker"].add(SweeperStep)
     return app

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from celery import Celery, bootsteps
 from sqlalchemy.engine import make_url
 
-from genjob import crud, leases
+from genjob import store
 from genjob.constants import BROKER_MARK_KEY
 from genjob.db import run_transaction, session_scope
-from genjob.dispatch import publish_chunks
-from genjob.models import utcnow
+from genjob.queueing import publish_chunks
+from genjob.store import leases
+from genjob.tables import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Sweeper:
     def sweep(self) -> SweepReport:
         report = SweepReport()
         url = self.settings.database_url
-        expired = run_transaction(url, crud.expire_due_jobs)
+        expired = run_transaction(url, store.expire_due_jobs)
         report.expired_jobs = len(expired)
         if expired:
             log.warning("jobs past their deadline, now expired: %s", ", ".join(expired))
@@ -82,7 +83,7 @@ class Sweeper:
         reclaimed = leases.reclaim_expired_leases(session)
         for job_id, (queue, item_ids) in reclaimed.items():
             log.warning("job %s: %d items lost with their worker, queued again", job_id, len(item_ids))
-            chunks = (list(chunk) for chunk in crud.batched(item_ids, self.settings.chunk_size))
+            chunks = (list(chunk) for chunk in store.batched(item_ids, self.settings.chunk_size))
             publish_chunks(self.app, job_id=job_id, queue=queue, chunks=chunks)
         return sum(len(item_ids) for _, item_ids in reclaimed.values())
 
@@ -109,8 +110,8 @@ class Sweeper:
     def _requeue_pending_of_live_jobs(self) -> int:
         sent = 0
         with session_scope(self.settings.database_url) as session:
-            for job_id, queue in crud.live_jobs_with_pending_items(session):
-                chunks = crud.pending_item_chunks(
+            for job_id, queue in store.live_jobs_with_pending_items(session):
+                chunks = store.pending_item_chunks(
                     session, job_id=job_id, chunk_size=self.settings.chunk_size, unleased_at=utcnow()
                 )
                 sent += publish_chunks(self.app, job_id=job_id, queue=queue, chunks=chunks)

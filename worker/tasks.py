@@ -29,7 +29,8 @@ def register_tasks(app: Celery) -> None:
     @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False)
     def generate_chunk(self: Task, job_id: str, item_ids: list[int]) -> dict:
         """Generate the items ``item_ids`` of job ``job_id`` and store their results."""
-        from worker.processing import process_chunk, worker_name  # torch loads in the worker only
+        from genjob.worker.chunks import process_chunk  # torch loads in the worker only
+        from genjob.worker.leasing import worker_name
 
         worker = self.request.hostname or worker_name()
         try:

@@ -8,9 +8,9 @@ from functools import cache
 from fastapi import APIRouter, Response
 from sqlalchemy import text
 
-from api.deps import SettingsDep
-from api.schemas import HealthOut
 from genjob import db
+from genjob.api.deps import SettingsDep
+from genjob.api.schemas import HealthOut
 from genjob.settings import Settings
 
 log = logging.getLogger(__name__)

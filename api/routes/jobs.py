@@ -1,7 +1,7 @@
 """``/v1/jobs``: submit a JSONL upload as a job, list and read jobs, stream results, cancel, requeue.
 
 Submitting goes through the same code as ``genjob submit`` (``genjob.catalog.build_job_spec`` and
-``genjob.dispatch.store_job_stream``), so a job is the same row whichever way it came in.
+``genjob.submit.store_job_stream``), so a job is the same row whichever way it came in.
 """
 
 from __future__ import annotations
@@ -13,19 +13,22 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Respons
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import JobDep, SessionDep, SettingsDep, require_api_key
-from api.errors import ApiError, ErrorDetail, error_responses
-from api.schemas import JobList, JobOptions, JobOut, RequeueOut
-from api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
-from genjob import crud
+from genjob import store
+from genjob.api.deps import JobDep, SessionDep, SettingsDep, require_api_key
+from genjob.api.errors import ApiError, ErrorDetail, error_responses
+from genjob.api.schemas import JobList, JobOptions, JobOut, RequeueOut
+from genjob.api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
 from genjob.catalog import JobOptionsError, build_job_spec
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
-from genjob.dispatch import BrokerUnavailable, enqueue_job, store_job_stream
-from genjob.export import ResultFormat, export_job
-from genjob.inputs import InputFileError
-from genjob.models import Job
+from genjob.formats.export import ResultFormat, export_job
+from genjob.formats.lines import InputFileError
+from genjob.generation.prompt_tokenizer import PromptTokenizer
+from genjob.queueing import BrokerUnavailable
 from genjob.settings import Settings
+from genjob.submit import store_job_stream
+from genjob.tables import Job
+from genjob.worker.enqueue import enqueue_job
 
 STREAM_CHUNK_CHARS = 64 << 10
 MEDIA_TYPES = {
@@ -44,7 +47,7 @@ router = APIRouter(
 
 def _load_job(settings: Settings, job_id: str) -> Job:
     with session_scope(settings.database_url) as session:
-        return crud.get_job(session, job_id=job_id)
+        return store.get_job(session, job_id=job_id)
 
 
 async def _enqueue(settings: Settings, job_id: str, chunk_size: int, background: BackgroundTasks) -> int:
@@ -65,7 +68,7 @@ async def _enqueue(settings: Settings, job_id: str, chunk_size: int, background:
 
 def _count_chunks(settings: Settings, job_id: str, chunk_size: int) -> int:
     with session_scope(settings.database_url) as session:
-        return sum(1 for _ in crud.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
+        return sum(1 for _ in store.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
 
 
 @router.post(
@@ -100,6 +103,7 @@ async def create_job(
                 stream=upload.file.file,
                 source=upload.source,
                 spec=spec,
+                tokenizer=PromptTokenizer(spec.model),
                 name=options.name,
                 input_format=options.input_format,
             )
@@ -118,7 +122,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
 ) -> JobList:
-    rows = crud.list_jobs(session, status=status, limit=limit + 1, offset=offset)
+    rows = store.list_jobs(session, status=status, limit=limit + 1, offset=offset)
     more = len(rows) > limit
     return JobList(
         data=[JobOut.of(job) for job in rows[:limit]],
@@ -186,7 +190,7 @@ def job_results(
 @router.post("/{job_id}/cancel", summary="Cancel a job", responses=error_responses(404, 409))
 def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
     """No new items start; the item in flight finishes and is kept. 409 if the job already ended."""
-    if not crud.cancel_job(session, job=job):
+    if not store.cancel_job(session, job=job):
         raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
     return JobOut.of(job)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
 from genjob import db
@@ -55,22 +53,17 @@ def worker(queue: str | None, concurrency: int, hostname: str, loglevel: str, ce
     settings = get_settings()
     if settings.embedded:
         raise click.ClickException("GENJOB_BROKER_URL is not set: a worker needs a broker (redis://…)")
-    from worker.celery_app import create_app
+    from genjob.worker.celery_app import create_app
+    from genjob.worker.main import run_worker
 
-    # torch and transformers load here, once, before the pool forks: a pool child that replaces
-    # a crashed one is ready at once (CUDA is first touched in the child, never here).
-    importlib.import_module("worker.processing")
-    argv = [
-        "worker",
-        f"--queues={queue or settings.queue}",
-        f"--concurrency={concurrency}",
-        "--prefetch-multiplier=1",
-        f"--hostname={hostname}",
-        f"--loglevel={loglevel}",
-        "--without-mingle",
-        *celery_args,
-    ]
-    create_app(settings).worker_main(argv)
+    run_worker(
+        create_app(settings),
+        queue=queue or settings.queue,
+        concurrency=concurrency,
+        hostname=hostname,
+        loglevel=loglevel,
+        extra=celery_args,
+    )
 
 
 COMMANDS = (db_group, worker)

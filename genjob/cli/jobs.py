@@ -11,17 +11,20 @@ from pathlib import Path
 
 import click
 
-from genjob import crud
+from genjob import store
 from genjob.catalog import JobOptionsError, build_job_spec
 from genjob.cli.output import JOBS_HEADER, job_row, job_stats_lines, job_summary_lines
 from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode, DraftSchedule, InputFormat, JobStatus
 from genjob.db import SchemaError, session_scope
-from genjob.dispatch import BrokerUnavailable, enqueue_job, prepare_database, store_job
 from genjob.durations import parse_duration
-from genjob.export import ResultFormat, export_job
-from genjob.inputs import InputFileError
-from genjob.models import Job, utcnow
+from genjob.formats.export import ResultFormat, export_job
+from genjob.formats.lines import InputFileError
+from genjob.generation.prompt_tokenizer import PromptTokenizer
+from genjob.queueing import BrokerUnavailable
 from genjob.settings import Settings, get_settings
+from genjob.submit import prepare_database, store_job
+from genjob.tables import Job, utcnow
+from genjob.worker.enqueue import enqueue_job
 
 POLL_SECONDS = 0.5
 
@@ -55,10 +58,10 @@ def load_job(settings: Settings, job_id: str) -> Job:
     """The job, ended first if its deadline passed (so it reads right with no worker running)."""
     with session_scope(settings.database_url) as session:
         try:
-            job = crud.get_job(session, job_id=job_id)
-        except crud.JobNotFound as exc:
+            job = store.get_job(session, job_id=job_id)
+        except store.JobNotFound as exc:
             raise click.ClickException(str(exc)) from exc
-        if job.expires_at is not None and crud.expire_due_jobs(session, job_id=job.id):
+        if job.expires_at is not None and store.expire_due_jobs(session, job_id=job.id):
             session.refresh(job)
         return job
 
@@ -204,6 +207,7 @@ def submit(
             settings,
             path=prompts,
             spec=spec,
+            tokenizer=PromptTokenizer(spec.model),
             name=name,
             expires_at=deadline(expire_after),
             input_format=InputFormat(input_format),
@@ -236,8 +240,8 @@ def list_jobs(status: str | None, limit: int) -> None:
     """List jobs, newest first."""
     settings = settings_and_schema()
     with session_scope(settings.database_url) as session:
-        crud.expire_due_jobs(session)
-        rows = crud.list_jobs(session, status=status, limit=limit)
+        store.expire_due_jobs(session)
+        rows = store.list_jobs(session, status=status, limit=limit)
         click.echo(JOBS_HEADER)
         for job in rows:
             click.echo(job_row(job))
@@ -300,8 +304,8 @@ def cancel(job_id: str) -> None:
     settings = settings_and_schema()
     job = load_job(settings, job_id)
     with session_scope(settings.database_url) as session:
-        job = crud.get_job(session, job_id=job.id)
-        if not crud.cancel_job(session, job=job):
+        job = store.get_job(session, job_id=job.id)
+        if not store.cancel_job(session, job=job):
             raise click.ClickException(f"job {job.id} already ended ({job.status})")
     click.echo(f"cancelled {job.id}")
 
@@ -335,9 +339,9 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
     settings = settings_and_schema()
     job = load_job(settings, job_id)
     with session_scope(settings.database_url) as session:
-        job = crud.get_job(session, job_id=job.id)
+        job = store.get_job(session, job_id=job.id)
         try:
-            retried = crud.retry_failed_items(session, job=job, expires_at=deadline(expire_after))
+            retried = store.retry_failed_items(session, job=job, expires_at=deadline(expire_after))
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
     if not retried:

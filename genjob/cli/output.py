@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from genjob.crud import job_stats
-from genjob.models import Job
+from genjob.stats import job_stats
+from genjob.tables import Job
 
 
 def fmt_time(value: datetime | None) -> str:

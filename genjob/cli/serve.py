@@ -7,8 +7,8 @@ import os
 import click
 
 from genjob.db import SchemaError
-from genjob.dispatch import prepare_database
 from genjob.settings import get_settings
+from genjob.submit import prepare_database
 
 FLOWER_AUTH_OPTIONS = ("--basic-auth", "--basic_auth", "--auth")
 FLOWER_AUTH_ENV = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH")
@@ -27,7 +27,7 @@ def api(host: str | None, port: int | None, log_level: str) -> None:
     Jobs name their model from the GENJOB_MODELS allow-list. The OpenAPI
     spec is at /openapi.json, the docs at /docs.
     """
-    from api.app import UnsafeBind, serve
+    from genjob.api.app import UnsafeBind, serve
 
     settings = get_settings()
     try:
@@ -38,7 +38,7 @@ def api(host: str | None, port: int | None, log_level: str) -> None:
 
 
 def _is_loopback(address: str) -> bool:
-    from api.deps import is_loopback
+    from genjob.api.deps import is_loopback
 
     return is_loopback(address)
 
@@ -67,7 +67,7 @@ def flower(address: str, port: int, flower_args: tuple[str, ...]) -> None:
             f"refusing to serve Flower on {address} without authentication: "
             "pass --basic-auth=user:password or set FLOWER_BASIC_AUTH"
         )
-    from worker.celery_app import create_app
+    from genjob.worker.celery_app import create_app
 
     create_app(settings).start(["flower", f"--address={address}", f"--port={port}", *flower_args])
 

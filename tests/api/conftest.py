@@ -11,7 +11,7 @@ from conftest import REDIS_URL
 from fastapi.testclient import TestClient
 from model_factory import with_chat_template
 
-from api.app import create_app
+from genjob.api.app import create_app
 from genjob.settings import Settings
 
 

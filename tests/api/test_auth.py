@@ -6,7 +6,7 @@ import pytest
 from api_helpers import API_KEY, jsonl
 from fastapi.testclient import TestClient
 
-from api.app import UnsafeBind, check_bind, create_app
+from genjob.api.app import UnsafeBind, check_bind, create_app
 from genjob.settings import Settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from genjob.api.app import create_app
 from genjob.settings import Settings
 
 

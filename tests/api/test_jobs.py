@@ -13,10 +13,10 @@ from conftest import REDIS_URL
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from api.app import create_app
+from genjob.api.app import create_app
 from genjob.db import session_scope
-from genjob.models import Item, Job
 from genjob.settings import Settings
+from genjob.tables import Item, Job
 
 PROMPTS = [
     {"prompt": "def foo(x):", "id": "first"},

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from api.app import create_app
+from genjob.api.app import create_app
 from genjob.settings import Settings
 
 # The raw JSONL body is bytes on the wire, like application/octet-stream.

@@ -14,8 +14,8 @@ from sqlalchemy import inspect, select
 
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.models import Item, Job
 from genjob.settings import Settings, get_settings
+from genjob.tables import Item, Job
 
 GENJOB_LINES = [
     {"prompt": "def foo(x):", "id": "a"},

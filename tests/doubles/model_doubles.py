@@ -1,4 +1,4 @@
-"""A stand-in for the models (``GENJOB_RUNNER_FACTORY=model_doubles:scripted_runner``): the rest is real.
+"""A stand-in for the models (``RUNNERS.build = scripted_runner``, see scripted_worker.py): the rest is real.
 
 Its "generation" echoes the prompt and obeys directives written in it, so one worker serves many
 tests and each item decides its own behaviour:
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genjob.constants import DecodingMode
-from genjob.jobspec import JobSpec
-from genjob.models import Item
-from worker.engine import Decoded, DecodeStats
-from worker.processing import ItemOutput
+from genjob.generation.engine import Decoded, DecodeStats
+from genjob.options import JobSpec
+from genjob.tables import Item
+from genjob.worker.runners import ItemOutput
 
 DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file)=(\S+)|\b(poison)\b")
 
@@ -39,7 +39,7 @@ class _EngineState:
 
 @dataclass
 class ScriptedRunner:
-    """The interface of worker.processing.JobRunner that process_chunk uses."""
+    """The interface of genjob.worker.chunks.JobRunner that process_chunk uses."""
 
     spec: JobSpec
     engine: _EngineState

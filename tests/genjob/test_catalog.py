@@ -12,8 +12,8 @@ from conftest import write_jsonl
 from genjob.catalog import JobOptionsError, build_job_spec, resolve_model
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.models import Job
 from genjob.settings import Settings
+from genjob.tables import Job
 
 SETTINGS = Settings(
     models={

@@ -13,7 +13,8 @@ from conftest import write_jsonl
 
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.models import Job
+from genjob.tables import Job
+from genjob.worker.runners import RUNNERS
 
 
 @pytest.fixture
@@ -131,7 +132,9 @@ def test_expire_after_must_be_a_duration(embedded_env: str, tmp_path: Path) -> N
 def scripted_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """The models replaced by the scripted stand-in (tests/doubles/model_doubles.py)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "doubles"))
-    monkeypatch.setenv("GENJOB_RUNNER_FACTORY", "model_doubles:scripted_runner")
+    from model_doubles import scripted_runner
+
+    monkeypatch.setattr(RUNNERS, "build", scripted_runner)
     monkeypatch.setenv("GENJOB_RETRY_BACKOFF_S", "0")
     monkeypatch.setenv("GENJOB_BATCH_SIZE", "1")
 

@@ -8,18 +8,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import REDIS_URL, write_jsonl
+from prompt_files import iter_prompt_file, validate_prompt_file
 from sqlalchemy import func, select
 
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.inputs import (
-    InputFileError,
-    InputLimits,
-    iter_prompt_file,
-    validate_prompt_file,
-    validate_prompt_stream,
-)
-from genjob.models import Item, Job
+from genjob.formats.lines import InputFileError, InputLimits
+from genjob.formats.reader import check_prompts
+from genjob.tables import Item, Job
 
 GOOD = json.dumps({"prompt": "def f():"})
 
@@ -220,7 +216,7 @@ def test_a_stream_over_the_size_limit_stops_there(tmp_path: Path) -> None:
 
     data = (GOOD + "\n").encode() * 200
     with pytest.raises(InputFileError) as info:
-        validate_prompt_stream(io.BytesIO(data), source="upload", limits=InputLimits(max_file_bytes=1024))
+        check_prompts(io.BytesIO(data), source="upload", limits=InputLimits(max_file_bytes=1024))
     assert str(info.value) == (
         "upload: the file is larger than that, over the limit of 1024 bytes (GENJOB_MAX_UPLOAD_BYTES)"
     )

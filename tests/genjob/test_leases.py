@@ -1,4 +1,4 @@
-"""Leases, fencing, reclaiming, expiry and retries in genjob.crud, on a real Postgres database."""
+"""Leases, fencing, reclaiming, expiry and retries in genjob.store, on a real Postgres database."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from click.testing import CliRunner
 from conftest import REDIS_URL, write_jsonl
 from sqlalchemy import select, text, update
 
-from genjob import crud, leases
+from genjob import store
 from genjob.cli import main
 from genjob.db import run_transaction, session_scope
-from genjob.inputs import PromptItem
-from genjob.jobspec import JobSpec
-from genjob.models import Attempt, Item, Job, Result, utcnow
+from genjob.formats.reader import PromptItem
+from genjob.options import JobSpec
+from genjob.store import leases
+from genjob.tables import Attempt, Item, Job, Result, utcnow
 
 RESULT = {
     "output": "x",
@@ -47,7 +48,7 @@ def end_jobs_left_open(pg_url: str) -> Iterator[None]:
 
 def new_job(url: str, n: int = 3, **kwargs) -> tuple[str, list[int]]:
     with session_scope(url) as session:
-        job = crud.create_job(
+        job = store.create_job(
             session,
             spec=JobSpec(model="m", mode="none"),
             items=[PromptItem(i, i + 1, f"p{i}", None, None) for i in range(n)],
@@ -60,7 +61,7 @@ def new_job(url: str, n: int = 3, **kwargs) -> tuple[str, list[int]]:
 
 def claim(url: str, item_id: int, worker: str, *, now=None, max_attempts: int = 3):
     return run_transaction(
-        url, crud.claim_item, item_id=item_id, worker=worker, lease_s=10, max_attempts=max_attempts, now=now
+        url, store.claim_item, item_id=item_id, worker=worker, lease_s=10, max_attempts=max_attempts, now=now
     )
 
 
@@ -72,9 +73,9 @@ def item(url: str, item_id: int) -> Item:
 def test_a_live_lease_keeps_others_off_and_an_expired_one_is_taken_over(pg_url: str) -> None:
     job_id, (first, second, _) = new_job(pg_url)
     run_transaction(pg_url, leases.reserve_items, item_ids=[first, second], worker="a/1", lease_s=10)
-    assert claim(pg_url, second, "b/2") is crud.Refused.LEASED  # reserved by a live worker
+    assert claim(pg_url, second, "b/2") is store.Refused.LEASED  # reserved by a live worker
     claimed_a = claim(pg_url, first, "a/1")
-    assert claim(pg_url, first, "b/2") is crud.Refused.LEASED  # running there
+    assert claim(pg_url, first, "b/2") is store.Refused.LEASED  # running there
 
     later = utcnow() + timedelta(seconds=11)  # a/1 died: its lease ran out
     claimed_b = claim(pg_url, first, "b/2", now=later)
@@ -87,10 +88,10 @@ def test_a_live_lease_keeps_others_off_and_an_expired_one_is_taken_over(pg_url: 
 
     # a/1 was only frozen and now finishes: fenced off, nothing counted, b/2's result wins
     assert not run_transaction(
-        pg_url, crud.finish_item, item=claimed_a[0], attempt_id=claimed_a[1], result=RESULT
+        pg_url, store.finish_item, item=claimed_a[0], attempt_id=claimed_a[1], result=RESULT
     )
     assert run_transaction(
-        pg_url, crud.finish_item, item=claimed_b[0], attempt_id=claimed_b[1], result=RESULT
+        pg_url, store.finish_item, item=claimed_b[0], attempt_id=claimed_b[1], result=RESULT
     )
     with session_scope(pg_url) as session:
         assert session.get(Job, job_id).done == 1
@@ -108,9 +109,9 @@ def test_renewal_keeps_a_lease_and_release_gives_back_pending_items(pg_url: str)
     run_transaction(pg_url, leases.reserve_items, item_ids=ids, worker="a/1", lease_s=1)
     assert run_transaction(pg_url, leases.renew_leases, item_ids=ids, worker="a/1", lease_s=60) == 3
     assert run_transaction(pg_url, leases.renew_leases, item_ids=ids, worker="b/2", lease_s=60) == 0
-    assert claim(pg_url, ids[0], "b/2", now=utcnow() + timedelta(seconds=5)) is crud.Refused.LEASED
+    assert claim(pg_url, ids[0], "b/2", now=utcnow() + timedelta(seconds=5)) is store.Refused.LEASED
     assert run_transaction(pg_url, leases.release_reservations, item_ids=ids, worker="a/1") == 3
-    assert not isinstance(claim(pg_url, ids[0], "b/2"), crud.Refused)
+    assert not isinstance(claim(pg_url, ids[0], "b/2"), store.Refused)
 
 
 def test_an_item_that_used_all_its_tries_is_failed_at_the_next_claim(pg_url: str) -> None:
@@ -118,9 +119,9 @@ def test_an_item_that_used_all_its_tries_is_failed_at_the_next_claim(pg_url: str
     job_id, (victim, *_) = new_job(pg_url)
     now = utcnow()
     for attempt in range(3):
-        assert not isinstance(claim(pg_url, victim, f"w/{attempt}", now=now), crud.Refused)
+        assert not isinstance(claim(pg_url, victim, f"w/{attempt}", now=now), store.Refused)
         now += timedelta(seconds=11)
-    assert claim(pg_url, victim, "w/9", now=now) is crud.Refused.GAVE_UP
+    assert claim(pg_url, victim, "w/9", now=now) is store.Refused.GAVE_UP
     failed = item(pg_url, victim)
     assert (failed.status, failed.error) == ("failed", "gave up after 3 attempts; last: its worker was lost")
     with session_scope(pg_url) as session:
@@ -133,7 +134,7 @@ def test_reclaim_expired_leases_requeues_live_jobs_and_settles_ended_ones(pg_url
     for item_id in (*live_items, *ended_items):
         claim(pg_url, item_id, "dead/1")
     with session_scope(pg_url) as session:
-        crud.cancel_job(session, job=session.get(Job, ended_job))
+        store.cancel_job(session, job=session.get(Job, ended_job))
     later = utcnow() + timedelta(seconds=11)
     reclaimed = run_transaction(pg_url, leases.reclaim_expired_leases, now=later)
     assert reclaimed[live_job] == ("q", live_items) and ended_job not in reclaimed
@@ -147,25 +148,25 @@ def test_expire_due_jobs_ends_them_and_their_unstarted_items(pg_url: str) -> Non
     due, due_items = new_job(pg_url, expires_at=utcnow() + timedelta(seconds=5))
     not_due, _ = new_job(pg_url, expires_at=utcnow() + timedelta(hours=1))
     running = claim(pg_url, due_items[0], "w/1")
-    assert run_transaction(pg_url, crud.expire_due_jobs, now=utcnow() + timedelta(seconds=6)) == [due]
-    assert claim(pg_url, due_items[1], "w/1") is crud.Refused.JOB_ENDED
+    assert run_transaction(pg_url, store.expire_due_jobs, now=utcnow() + timedelta(seconds=6)) == [due]
+    assert claim(pg_url, due_items[1], "w/1") is store.Refused.JOB_ENDED
     with session_scope(pg_url) as session:
         assert session.get(Job, due).status == "expired" and session.get(Job, not_due).status == "queued"
     assert [item(pg_url, i).status for i in due_items] == ["running", "expired", "expired"]
     # the item in flight finishes and is kept
-    assert run_transaction(pg_url, crud.finish_item, item=running[0], attempt_id=running[1], result=RESULT)
+    assert run_transaction(pg_url, store.finish_item, item=running[0], attempt_id=running[1], result=RESULT)
 
 
 def test_retry_failed_items_moves_only_failed_items_and_reopens_the_job(pg_url: str) -> None:
     job_id, (ok, bad, _) = new_job(pg_url)
     done, failed = claim(pg_url, ok, "w/1"), claim(pg_url, bad, "w/1")
-    run_transaction(pg_url, crud.finish_item, item=done[0], attempt_id=done[1], result=RESULT)
-    run_transaction(pg_url, crud.fail_item, item=failed[0], attempt_id=failed[1], error="boom")
+    run_transaction(pg_url, store.finish_item, item=done[0], attempt_id=done[1], result=RESULT)
+    run_transaction(pg_url, store.fail_item, item=failed[0], attempt_id=failed[1], error="boom")
     with session_scope(pg_url) as session:
         job = session.get(Job, job_id)
         job.status = "completed"
         session.flush()
-        assert crud.retry_failed_items(session, job=job) == 1
+        assert store.retry_failed_items(session, job=job) == 1
         assert (job.status, job.done, job.failed, job.finished_at) == ("queued", 1, 0, None)
     assert (item(pg_url, bad).status, item(pg_url, bad).attempts, item(pg_url, bad).error) == (
         "pending",
@@ -175,25 +176,25 @@ def test_retry_failed_items_moves_only_failed_items_and_reopens_the_job(pg_url: 
     assert item(pg_url, ok).status == "done"
     with session_scope(pg_url) as session:
         job = session.get(Job, job_id)
-        crud.cancel_job(session, job=job)
+        store.cancel_job(session, job=job)
         with pytest.raises(ValueError, match="ended cancelled"):
-            crud.retry_failed_items(session, job=job)
+            store.retry_failed_items(session, job=job)
 
 
 def test_pending_item_chunks_pages_in_input_order_and_skips_live_leases(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(crud, "PAGE_SIZE", 3)
+    monkeypatch.setattr(store.jobs, "PAGE_SIZE", 3)
     job_id, ids = new_job(pg_url, 10)
     with session_scope(pg_url) as session:
-        assert list(crud.pending_item_chunks(session, job_id=job_id, chunk_size=4)) == [
+        assert list(store.pending_item_chunks(session, job_id=job_id, chunk_size=4)) == [
             ids[:4],
             ids[4:8],
             ids[8:],
         ]
     run_transaction(pg_url, leases.reserve_items, item_ids=ids[2:5], worker="a/1", lease_s=10)
     with session_scope(pg_url) as session:
-        chunks = crud.pending_item_chunks(session, job_id=job_id, chunk_size=4, unleased_at=utcnow())
+        chunks = store.pending_item_chunks(session, job_id=job_id, chunk_size=4, unleased_at=utcnow())
         assert list(chunks) == [ids[:2] + ids[5:7], ids[7:]]
 
 

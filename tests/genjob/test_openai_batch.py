@@ -11,13 +11,15 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_jsonl
 from model_factory import EOS, build_tokenizer, with_chat_template
+from prompt_files import FakeTokenizer, iter_prompt_file, validate_prompt_file
 from tokenizers import processors
 
 from genjob.cli import main
 from genjob.constants import InputFormat
-from genjob.inputs import InputFileError, InputLimits, iter_prompt_file, validate_prompt_file
-from genjob.models import Item, Job, Result
-from genjob.openai_batch import ChatTemplate, ChatTemplateError, response_record
+from genjob.formats.lines import InputFileError, InputLimits
+from genjob.formats.openai_output import response_record
+from genjob.generation.prompt_tokenizer import ChatTemplateError, PromptTokenizer
+from genjob.tables import Item, Job, Result
 
 OPENAI = {"limits": InputLimits(), "input_format": InputFormat.OPENAI}
 
@@ -96,7 +98,9 @@ CASES = [
 
 @pytest.mark.parametrize(("line", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_request_lines(tmp_path: Path, line: dict, expected: str) -> None:
-    assert errors_of(tmp_path, [json.dumps(line)], chat=lambda messages: "rendered") == [expected]
+    assert errors_of(tmp_path, [json.dumps(line)], tokenizer=FakeTokenizer(lambda messages: "rendered")) == [
+        expected
+    ]
 
 
 def test_duplicate_custom_id_and_one_endpoint_per_file(tmp_path: Path) -> None:
@@ -105,7 +109,7 @@ def test_duplicate_custom_id_and_one_endpoint_per_file(tmp_path: Path) -> None:
         json.dumps({"custom_id": "a", "body": {"prompt": "y"}}),
         json.dumps({"custom_id": "b", "body": {"messages": [{"role": "user", "content": "z"}]}}),
     ]
-    assert errors_of(tmp_path, lines, chat=lambda messages: "rendered") == [
+    assert errors_of(tmp_path, lines, tokenizer=FakeTokenizer(lambda messages: "rendered")) == [
         "p.jsonl:2: field 'custom_id': duplicate id 'a'",
         "p.jsonl:3: a /v1/chat/completions request in a file of /v1/completions requests (line 1): "
         "a batch uses one endpoint",
@@ -169,10 +173,10 @@ def bos_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_chat_template_gives_the_ids_of_apply_chat_template(bos_tokenizer_dir: Path) -> None:
-    from worker.loading import load_tokenizer
+    from genjob.generation.loading import load_tokenizer
 
     messages = [{"role": "user", "content": "def foo(x):"}]
-    text = ChatTemplate(str(bos_tokenizer_dir))(messages)
+    text = PromptTokenizer(str(bos_tokenizer_dir)).render_chat(messages)
     assert text == "[user] def foo(x):\n"  # the template's BOS dropped: encoding adds it back
     tokenizer = load_tokenizer(str(bos_tokenizer_dir))
     expected = tokenizer.apply_chat_template(
@@ -183,16 +187,14 @@ def test_chat_template_gives_the_ids_of_apply_chat_template(bos_tokenizer_dir: P
 
 def test_chat_template_errors(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(ChatTemplateError, match="has no chat template: send 'prompt' lines"):
-        ChatTemplate(str(tiny_pair[0]))([{"role": "user", "content": "x"}])
-    with pytest.raises(
-        ChatTemplateError, match="messages need the target's tokenizer: cannot load tokenizer"
-    ):
-        ChatTemplate(str(tmp_path / "missing"))([{"role": "user", "content": "x"}])
+        PromptTokenizer(str(tiny_pair[0])).render_chat([{"role": "user", "content": "x"}])
+    with pytest.raises(ChatTemplateError, match="messages need the target's tokenizer: cannot load"):
+        PromptTokenizer(str(tmp_path / "missing")).render_chat([{"role": "user", "content": "x"}])
     strict = with_chat_template(
         tiny_pair[0], tmp_path / "strict", "{{ raise_exception('only user messages') }}"
     )
     with pytest.raises(ChatTemplateError, match="the chat template refused the messages: only user messages"):
-        ChatTemplate(str(strict))([{"role": "user", "content": "x"}])
+        PromptTokenizer(str(strict)).render_chat([{"role": "user", "content": "x"}])
 
 
 def test_response_records() -> None:

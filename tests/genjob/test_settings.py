@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from genjob.settings import Settings
-from worker.celery_app import create_app
+from genjob.worker.celery_app import create_app
 
 
 def test_api_keys_comma_separated_or_json(monkeypatch: pytest.MonkeyPatch) -> None:

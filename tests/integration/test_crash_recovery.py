@@ -32,7 +32,7 @@ from worker_processes import (
     wait_for_job_end,
 )
 
-from worker.sweeper import broker_mark_key
+from genjob.worker.sweeper import broker_mark_key
 
 pytestmark = pytest.mark.integration
 

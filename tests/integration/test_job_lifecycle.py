@@ -32,9 +32,9 @@ from worker_processes import (
 )
 
 from genjob.db import session_scope
-from genjob.dispatch import enqueue_job
-from genjob.models import Attempt, Item, utcnow
 from genjob.settings import Settings
+from genjob.worker.enqueue import enqueue_job
+from genjob.tables import Attempt, Item, utcnow
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from conftest import write_jsonl
 from process_helpers import service_env
 
 from genjob.db import session_scope
-from genjob.models import Item, Job, Result
-from worker.engine import DecodeOptions, Engine
-from worker.loading import load_model, load_tokenizer
+from genjob.generation.engine import DecodeOptions, Engine
+from genjob.generation.loading import load_model, load_tokenizer
+from genjob.tables import Item, Job, Result
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from conftest import create_pg_database, drop_pg_database
 from sqlalchemy import inspect
 
 from genjob import db
-from genjob.models import Base
+from genjob.tables import Base
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.batched import BatchRequest, speculative_decode_batch
-from worker.loading import load_model, load_tokenizer
+from genjob.generation.batched import BatchRequest, speculative_decode_batch
+from genjob.generation.loading import load_model, load_tokenizer
 
 REFERENCE_TOKENS = 40  # greedy with max_new_tokens=k is the first k tokens of this decode
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from genjob.constants import DecodingMode, DraftSchedule
-from worker.engine import DecodeOptions, Engine
-from worker.loading import load_model, load_tokenizer
+from genjob.generation.engine import DecodeOptions, Engine
+from genjob.generation.loading import load_model, load_tokenizer
 
 PROMPTS = [
     "def foo(x):\n    return",

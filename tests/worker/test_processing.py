@@ -14,8 +14,8 @@ from sqlalchemy import func, select
 
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.models import Job, Result
 from genjob.settings import get_settings
+from genjob.tables import Job, Result
 
 PROMPTS = ["def foo(x):", "import os", "class A:", "for i in range(3):", "return", "while True:"]
 

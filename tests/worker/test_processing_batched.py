@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from conftest import write_jsonl
 from model_factory import build_model, build_tokenizer
+from prompt_files import iter_prompt_file
 from sqlalchemy import select
 
-from genjob import crud
+from genjob import store
 from genjob.db import session_scope
-from genjob.dispatch import input_limits
-from genjob.inputs import iter_prompt_file
-from genjob.jobspec import JobSpec
-from genjob.models import Attempt, Item, Job, utcnow
+from genjob.generation.loading import load_model
+from genjob.options import JobSpec
 from genjob.settings import Settings
-from worker import processing
-from worker.loading import load_model
+from genjob.submit import input_limits
+from genjob.tables import Attempt, Item, Job, utcnow
+from genjob.worker import batched_chunks, chunks, leasing, runners
 
 from .test_batched import Reference
 
@@ -30,13 +30,13 @@ PROMPTS = ["def ", "import os\n", "class A:", "for i in range(3):", "x = ", "ret
 def batch_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The batch sizes the worker ran the batched engine with (the real engine runs)."""
     calls: list[int] = []
-    real = processing.speculative_decode_batch
+    real = batched_chunks.speculative_decode_batch
 
     def spy(*args, **kwargs):
         calls.append(kwargs["batch_size"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(processing, "speculative_decode_batch", spy)
+    monkeypatch.setattr(batched_chunks, "speculative_decode_batch", spy)
     return calls
 
 
@@ -46,17 +46,17 @@ def store_one_chunk(settings: Settings, path: Path, spec: JobSpec) -> tuple[str,
     locally) must fail it inside the batch."""
     with session_scope(settings.database_url) as session:
         items = iter_prompt_file(path, limits=input_limits(settings))
-        job_id = crud.create_job(session, spec=spec, items=items, queue=settings.queue).id
+        job_id = store.create_job(session, spec=spec, items=items, queue=settings.queue).id
     with session_scope(settings.database_url) as session:
-        (item_ids,) = crud.pending_item_chunks(session, job_id=job_id, chunk_size=100)
+        (item_ids,) = store.pending_item_chunks(session, job_id=job_id, chunk_size=100)
     return job_id, item_ids
 
 
 def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[dict]]:
     job_id, item_ids = store_one_chunk(settings, path, spec)
-    processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test-worker")
+    chunks.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test-worker")
     with session_scope(settings.database_url) as session:
-        job = crud.get_job(session, job_id=job_id)
+        job = store.get_job(session, job_id=job_id)
         rows = [
             {"seq": item.seq, "status": item.status, "error": item.error}
             | (
@@ -73,7 +73,7 @@ def run_job(settings: Settings, path: Path, spec: JobSpec) -> tuple[Job, list[di
                     "mode": result.mode,
                 }
             )
-            for item, result in crud.iter_results(session, job_id=job_id)
+            for item, result in store.iter_results(session, job_id=job_id)
         ]
         session.expunge(job)
     return job, rows
@@ -147,13 +147,13 @@ def test_the_speedup_guard_drains_the_batch_and_goes_on_plainly(
 def test_batch_size_comes_from_the_job_then_the_setting(tiny_pair: tuple[Path, Path]) -> None:
     target, draft = tiny_pair
     spec = JobSpec(model=str(target), assistant=str(draft))
-    runner = processing.JobRunner.build(spec, device="cpu")
-    assert processing.batch_size_for(runner, Settings(batch_size=6)) == 6
+    runner = runners.JobRunner.build(spec, device="cpu")
+    assert batched_chunks.batch_size_for(runner, Settings(batch_size=6)) == 6
     runner.spec = spec.model_copy(update={"batch_size": 3})
-    assert processing.batch_size_for(runner, Settings(batch_size=6)) == 3
+    assert batched_chunks.batch_size_for(runner, Settings(batch_size=6)) == 3
     runner.spec = spec.model_copy(update={"batch_size": 3, "temperature": 0.7})
-    assert processing.batch_size_for(runner, Settings(batch_size=6)) == 1  # sampling: one at a time
-    probed = processing.batch_size_for(processing.JobRunner.build(spec, device="cpu"), Settings())
+    assert batched_chunks.batch_size_for(runner, Settings(batch_size=6)) == 1  # sampling: one at a time
+    probed = batched_chunks.batch_size_for(runners.JobRunner.build(spec, device="cpu"), Settings())
     assert 1 <= probed <= 32
 
 
@@ -183,20 +183,20 @@ def test_items_are_claimed_as_batch_slots_free_up_and_hold_live_leases(
     """Never more items running than the batch has slots, each with this worker's live lease."""
     settings = Settings(database_url=pg_url)
     seen: list[list[tuple]] = []
-    real = processing.speculative_decode_batch
+    real = batched_chunks.speculative_decode_batch
 
     def watching(target, draft, requests, **kwargs):
         for key, decoded in real(target, draft, requests, **kwargs):
             seen.append(item_states(settings, job_id))  # before the worker records this row
             yield key, decoded
 
-    monkeypatch.setattr(processing, "speculative_decode_batch", watching)
+    monkeypatch.setattr(batched_chunks, "speculative_decode_batch", watching)
     path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS])
     job_id, item_ids = store_one_chunk(settings, path, draft_spec(tiny_pair, 3))
-    outcome = processing.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="w1")
+    outcome = chunks.process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="w1")
 
     assert outcome.done == len(PROMPTS) and len(seen) == len(PROMPTS)
-    holder = processing.lease_holder("w1")
+    holder = leasing.lease_holder("w1")
     for states in seen:
         running = [state for state in states if state[0] == "running"]
         assert 1 <= len(running) <= 3
@@ -210,7 +210,7 @@ def test_a_crashed_batch_sends_its_items_back_and_they_finish_one_at_a_time(
 ) -> None:
     """The batch dies when it asks for a 5th request: the rows in flight (the 4th among them) go
     back (their try counted, the error kept on the attempt) and decode alone; nothing is lost."""
-    real = processing.speculative_decode_batch
+    real = batched_chunks.speculative_decode_batch
     crashes = []
 
     def crashing(target, draft, requests, **kwargs):
@@ -223,7 +223,7 @@ def test_a_crashed_batch_sends_its_items_back_and_they_finish_one_at_a_time(
 
         yield from real(target, draft, pulled(), **kwargs)
 
-    monkeypatch.setattr(processing, "speculative_decode_batch", crashing)
+    monkeypatch.setattr(batched_chunks, "speculative_decode_batch", crashing)
     settings = Settings(database_url=pg_url, retry_backoff_s=0.01)
     path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS])
     job, rows = run_job(settings, path, draft_spec(tiny_pair, 3))

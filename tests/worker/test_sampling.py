@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_factory import build_model, build_tokenizer
 
-from worker.engine import DecodeOptions, Engine
+from genjob.generation.engine import DecodeOptions, Engine
 
 SAMPLES = 400
 

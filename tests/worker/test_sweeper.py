@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from genjob.constants import BROKER_MARK_KEY
-from worker.sweeper import broker_mark_key
+from genjob.worker.sweeper import broker_mark_key
 
 
 def test_marker_key_names_the_database_not_the_url_spelling() -> None:

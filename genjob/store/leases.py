@@ -1,7 +1,7 @@
 """Leases: which worker process holds an item, until when, and taking items back from dead ones.
 
 A worker reserves its chunk's pending items (``claimed_by`` + ``lease_expires_at``), claims each
-in turn (``crud.claim_item``: status running, ``attempts`` + 1) and renews the leases while it
+in turn (``store.claim_item``: status running, ``attempts`` + 1) and renews the leases while it
 works (``renew_leases``, every lease/3). Another worker may take an item only once its lease has
 run out; the sweeper (``reclaim_expired_leases``) queues such items again. Lease times are the
 workers' clocks (UTC), so clocks must agree to well within a lease (NTP does).
@@ -17,7 +17,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import OPEN_ITEM_STATUSES, TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus, JobStatus
-from genjob.models import Attempt, Item, Job, utcnow
+from genjob.tables import Attempt, Item, Job, utcnow
 
 # What an open item of a job that ended becomes once the worker holding it is gone.
 ITEM_STATUS_FOR_ENDED_JOB = {JobStatus.CANCELLED: ItemStatus.CANCELLED, JobStatus.EXPIRED: ItemStatus.EXPIRED}

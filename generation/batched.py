@@ -59,9 +59,10 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import DynamicLayer
 
-from worker.engine import Decoded, DecodeStats, cache_kwarg
+from genjob.generation.engine import Decoded, DecodeStats, cache_kwarg
+from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
 
@@ -95,72 +96,6 @@ class _Row:
     @property
     def remaining(self) -> int:
         return self.request.max_new_tokens - len(self.tokens)
-
-
-# --- the batch's caches: B slots, each row at its own length -----------------------------------
-
-
-class _Cursor:
-    """Where the current forward writes: (B, q) row and column indices, and the columns it reads."""
-
-    rows: torch.Tensor
-    columns: torch.Tensor
-    width: int
-
-
-class _SlotLayer(DynamicLayer):
-    """One layer's K/V for every slot in buffers (B, heads, capacity, head_dim). ``update`` writes
-    the q new columns of row i at columns lengths_i .. lengths_i + q - 1 and returns the first
-    ``width`` columns (views, no copy); columns past a row's length are stale and masked."""
-
-    def __init__(self, cursor: _Cursor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        super().__init__()
-        self.cursor, self.keys, self.values = cursor, keys, values
-        self.device, self.is_initialized = keys.device, True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        cursor = self.cursor  # key_states (B, heads, q, head_dim) -> (B, q, heads, head_dim) slots
-        self.keys.transpose(1, 2)[cursor.rows, cursor.columns] = key_states.transpose(1, 2)
-        self.values.transpose(1, 2)[cursor.rows, cursor.columns] = value_states.transpose(1, 2)
-        return self.keys[:, :, : cursor.width], self.values[:, :, : cursor.width]
-
-    def get_seq_length(self) -> int:
-        return self.cursor.width
-
-
-class SlotCache(Cache):
-    """A transformers ``Cache`` of B slots; every forward appends at each row's own length."""
-
-    def __init__(self, template: DynamicCache, slots: int, capacity: int) -> None:
-        self.cursor = _Cursor()
-        layers = []
-        for layer in template.layers:  # (1, heads, L, head_dim) from a prefill
-            shape = (slots, layer.keys.shape[1], capacity, layer.keys.shape[3])
-            zeros = [layer.keys.new_zeros(shape), layer.values.new_zeros(shape)]  # zeros: finite
-            layers.append(_SlotLayer(self.cursor, *zeros))
-        super().__init__(layers=layers)
-
-    @property
-    def capacity(self) -> int:
-        return self.layers[0].keys.shape[2]
-
-    def place(self, slot: int, prefilled: DynamicCache) -> None:
-        """Copy a single prompt's prefill cache into columns 0..L-1 of ``slot``."""
-        for layer, source in zip(self.layers, prefilled.layers, strict=True):
-            length = source.keys.shape[2]
-            layer.keys[slot, :, :length] = source.keys[0]
-            layer.values[slot, :, :length] = source.values[0]
-
-    def resize(self, slots: torch.Tensor, capacity: int) -> None:
-        """Keep the slots ``slots`` (in that order; -1 = a new empty slot), with ``capacity`` columns."""
-        for layer in self.layers:
-            for name in ("keys", "values"):
-                old = getattr(layer, name)
-                new = old.new_zeros(len(slots), old.shape[1], capacity, old.shape[3])
-                kept = slots >= 0
-                width = min(capacity, old.shape[2])
-                new[kept, :, :width] = old[slots[kept], :, :width]
-                setattr(layer, name, new)
 
 
 def _attention_mask(model: PreTrainedModel, allowed: torch.Tensor) -> torch.Tensor:
@@ -440,40 +375,3 @@ def speculative_decode_batch(
             yield _decoded(row, eos_token_id)
         if exhausted and not len(batch):
             return
-
-
-def probe_batch_size(
-    target: PreTrainedModel, *, draft_tokens: int, context: int = 32, largest: int = 32
-) -> int:
-    """A batch size for this device: double B while a verify pass of B·(γ+1) tokens still gets
-    ≥ 1.25× more tokens per second (time(2B) < 1.6 · time(B)); a few forwards, fastest of three."""
-    q = draft_tokens + 1
-    device = target.device
-
-    @torch.inference_mode()
-    def seconds(b: int) -> float:
-        template = DynamicCache(config=target.config)
-        ids = torch.zeros(1, context, dtype=torch.long, device=device)
-        target(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(target): template})
-        cache = SlotCache(template, b, context + q)
-        lengths = torch.full((b,), context, dtype=torch.long, device=device)
-        tokens = torch.zeros(b, q, dtype=torch.long, device=device)
-        best = float("inf")
-        for _ in range(3):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            forward_step(target, cache, lengths, tokens)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - started)
-        return best
-
-    b, previous = 1, seconds(1)
-    while b < largest:
-        current = seconds(2 * b)
-        if current > 1.6 * previous:
-            break
-        b, previous = 2 * b, current
-    log.info("probed batch size %d for %s on %s", b, target.config.model_type, device)
-    return b

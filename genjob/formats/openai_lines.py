@@ -11,7 +11,7 @@ rendered to prompt text at submit time with the target tokenizer's chat template
 items, the worker and the engine (ids only) are the same for every format, and a template error is
 reported with its line before anything is stored.
 
-Output, one response per item in input order::
+Output lines are ``genjob.formats.openai_output``; they look like this, one response per item in input order::
 
     {"id": "...", "custom_id": "r1", "response": {"status_code": 200, "request_id": "...", "body": {...}},
      "error": null}
@@ -22,13 +22,23 @@ item that failed, was cancelled or has not run yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from genjob.constants import ItemStatus, OpenAIEndpoint
-from genjob.models import Item, Job, Result
+from genjob.constants import OpenAIEndpoint
+from genjob.formats.lines import LineProblem, ParsedLine, describe_validation_error
+from genjob.formats.tokenizing import SubmitTokenizer
 
 # Fields each object of a request line allows, by path (list indices as "*"), for error messages.
 ALLOWED_FIELDS = {
@@ -36,8 +46,6 @@ ALLOWED_FIELDS = {
     "body": ("model", "prompt", "messages", "max_tokens", "max_completion_tokens"),
     "body.messages.*": ("role", "content", "name"),
 }
-
-ChatRenderer = Callable[[list[dict[str, str]]], str]
 
 
 class ChatMessage(BaseModel):
@@ -127,108 +135,34 @@ def allowed_fields(loc: Sequence[str | int]) -> str:
     return ", ".join(ALLOWED_FIELDS.get(parent, ()))
 
 
-class ChatTemplateError(ValueError):
-    """Messages could not be rendered to a prompt (no template, no tokenizer, or the template refused)."""
-
-
-class ChatTemplate:
-    """Renders chat messages with the chat template of ``model``'s tokenizer, loaded on first use.
-
-    A template usually starts with the BOS token; when the tokenizer also adds BOS itself on
-    encoding (as the worker does), the rendered text drops its own so the worker's ids carry
-    exactly one, the same ids as ``apply_chat_template(tokenize=True)``.
-    """
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self._tokenizer = None
-        self._error: str | None = None
-
-    def _load(self):
-        if self._tokenizer is None and self._error is None:
-            from worker.loading import ModelLoadError, load_tokenizer
-
-            try:
-                self._tokenizer = load_tokenizer(self.model)
-            except ModelLoadError as exc:
-                self._error = f"messages need the target's tokenizer: {exc}"
-            else:
-                if not self._tokenizer.chat_template:
-                    self._error = (
-                        f"the tokenizer of {self.model!r} has no chat template: "
-                        "send 'prompt' lines (/v1/completions) instead"
-                    )
-        if self._error is not None:
-            raise ChatTemplateError(self._error)
-        return self._tokenizer
-
-    def __call__(self, messages: list[dict[str, str]]) -> str:
-        tokenizer = self._load()
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # jinja2 errors, raise_exception() in templates, bad roles…
-            raise ChatTemplateError(f"the chat template refused the messages: {exc}") from exc
-        bos = tokenizer.bos_token
-        if bos and text.startswith(bos):
-            added = tokenizer("")["input_ids"]
-            if added and added[0] == tokenizer.bos_token_id:
-                text = text[len(bos) :]
-        return text
-
-
-def request_prompt(line: RequestLine, chat: ChatRenderer | None) -> str:
-    """The prompt text of a request line: its ``prompt``, or its ``messages`` through ``chat``."""
+def request_prompt(line: RequestLine, tokenizer: SubmitTokenizer | None) -> str:
+    """The prompt text of a request line: its ``prompt``, or its ``messages`` through the chat template."""
     if line.body.prompt is not None:
         return line.body.prompt
     assert line.body.messages is not None
-    if chat is None:
-        raise ChatTemplateError("messages need a chat template, and none is available here")
-    return chat([message.model_dump(exclude_none=True) for message in line.body.messages])
+    if tokenizer is None:
+        raise LineProblem("messages need a chat template, and none is available here", "body.messages")
+    messages = [message.model_dump(exclude_none=True) for message in line.body.messages]
+    try:
+        return tokenizer.render_chat(messages)
+    except ValueError as exc:
+        raise LineProblem(str(exc), "body.messages") from exc
 
 
-def _usage(result: Result) -> dict[str, int]:
-    return {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.new_tokens,
-        "total_tokens": result.prompt_tokens + result.new_tokens,
-    }
-
-
-def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
-    endpoint = job.spec.get("endpoint") or OpenAIEndpoint.COMPLETIONS
-    created = int(result.created_at.timestamp()) if result.created_at else None
-    if endpoint == OpenAIEndpoint.CHAT_COMPLETIONS:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": result.output},
-            "finish_reason": result.finish_reason,
-            "logprobs": None,
-        }
-        kind, prefix = "chat.completion", "chatcmpl"
-    else:
-        choice = {"index": 0, "text": result.output, "finish_reason": result.finish_reason, "logprobs": None}
-        kind, prefix = "text_completion", "cmpl"
-    return {
-        "id": f"{prefix}-{job.id}-{item.seq}",
-        "object": kind,
-        "created": created,
-        "model": job.model,
-        "choices": [choice],
-        "usage": _usage(result),
-    }
-
-
-def response_record(job: Job, item: Item, result: Result | None) -> dict[str, Any]:
-    """One OpenAI batch output line for an item (a response, or an error saying why there is none)."""
-    record: dict[str, Any] = {"id": f"batch_req_{job.id}_{item.seq}", "custom_id": item.custom_id}
-    if result is not None and item.status == ItemStatus.DONE:
-        record["response"] = {
-            "status_code": 200,
-            "request_id": f"{job.id}-{item.seq}",
-            "body": response_body(job, item, result),
-        }
-        record["error"] = None
-        return record
-    record["response"] = None
-    record["error"] = {"code": f"item_{item.status}", "message": item.error or f"item is {item.status}"}
-    return record
+def parse_openai_line(data: dict[str, Any], tokenizer: SubmitTokenizer | None) -> ParsedLine:
+    try:
+        parsed = RequestLine.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise describe_validation_error(exc, allowed_fields(first["loc"])) from exc
+    prompt = request_prompt(parsed, tokenizer)
+    prompt_field = "body.prompt" if parsed.body.prompt is not None else "body.messages"
+    return ParsedLine(
+        prompt,
+        parsed.custom_id,
+        parsed.max_new_tokens,
+        endpoint=parsed.body.endpoint,
+        id_field="custom_id",
+        prompt_field=prompt_field,
+        max_new_tokens_field=parsed.max_new_tokens_field,
+    )

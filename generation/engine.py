@@ -18,17 +18,19 @@ Counting, per item (transformers calls the target once per verification round):
 from __future__ import annotations
 
 import inspect
-import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from genjob.constants import DecodingMode, DraftSchedule
+# Decoding modes and γ schedules by their job-option values (the core's DecodingMode and DraftSchedule
+# are StrEnums with these values; this package does not import the core).
+DRAFT, PROMPT_LOOKUP, NONE = "draft", "prompt-lookup", "none"
+HEURISTIC = "heuristic"
 
 
 @dataclass
@@ -109,17 +111,17 @@ class Engine:
         target: PreTrainedModel,
         *,
         assistant: PreTrainedModel | None = None,
-        mode: DecodingMode = DecodingMode.DRAFT,
+        mode: str = DRAFT,
         draft_tokens: int = 5,
-        schedule: DraftSchedule = DraftSchedule.HEURISTIC,
+        schedule: str = HEURISTIC,
         prompt_lookup_tokens: int = 10,
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
     ) -> None:
-        if mode is DecodingMode.DRAFT and assistant is None:
+        if mode == DRAFT and assistant is None:
             raise ValueError("mode 'draft' needs an assistant model")
         self.target = target
-        self.assistant = assistant if mode is DecodingMode.DRAFT else None
+        self.assistant = assistant if mode == DRAFT else None
         self.mode = mode
         self.draft_tokens = draft_tokens
         self.schedule = schedule
@@ -131,21 +133,19 @@ class Engine:
     def device(self) -> torch.device:
         return self.target.device
 
-    def _mode_kwargs(self, mode: DecodingMode) -> dict:
-        if mode is DecodingMode.DRAFT:
+    def _mode_kwargs(self, mode: str) -> dict:
+        if mode == DRAFT:
             assert self.assistant is not None
             config = self.assistant.generation_config
             config.num_assistant_tokens = self.draft_tokens
-            config.num_assistant_tokens_schedule = self.schedule.value
+            config.num_assistant_tokens_schedule = str(self.schedule)
             config.assistant_confidence_threshold = 0.0  # always propose γ tokens; γ adapts instead
             return {"assistant_model": self.assistant}
-        if mode is DecodingMode.PROMPT_LOOKUP:
+        if mode == PROMPT_LOOKUP:
             return {"prompt_lookup_num_tokens": self.prompt_lookup_tokens}
         return {}
 
-    def generate(
-        self, input_ids: list[int], options: DecodeOptions, *, mode: DecodingMode | None = None
-    ) -> Decoded:
+    def generate(self, input_ids: list[int], options: DecodeOptions, *, mode: str | None = None) -> Decoded:
         """Decode one prompt; ``mode`` overrides the engine's (``none`` gives the plain baseline)."""
         mode = self.mode if mode is None else mode
         prompt = torch.tensor([input_ids], dtype=torch.long, device=self.device)
@@ -168,7 +168,7 @@ class Engine:
                 **self._mode_kwargs(mode),
             )
             latency = time.perf_counter() - started
-        if mode is DecodingMode.DRAFT and self.schedule is DraftSchedule.HEURISTIC:
+        if mode == DRAFT and self.schedule == HEURISTIC:
             assert self.assistant is not None
             self.draft_tokens = int(self.assistant.generation_config.num_assistant_tokens)
         new = output[0, len(input_ids) :].tolist()
@@ -177,7 +177,7 @@ class Engine:
     def warm_up(self, input_ids: list[int]) -> None:
         """Pay one-time costs (allocations, first-call paths) before anything is timed; γ is kept."""
         draft_tokens = self.draft_tokens
-        for mode in {self.mode, DecodingMode.NONE}:
+        for mode in {self.mode, NONE}:
             self.generate(input_ids, DecodeOptions(max_new_tokens=4), mode=mode)
         self.draft_tokens = draft_tokens
 
@@ -188,10 +188,10 @@ class Engine:
         counter: RoundCounter,
         calls: _TargetCalls,
         latency: float,
-        mode: DecodingMode,
+        mode: str,
     ) -> DecodeStats:
         rounds = len(calls.input_lengths)
-        if mode is DecodingMode.NONE:
+        if mode == NONE:
             proposed = accepted = 0
         else:
             # Round 1 feeds the prompt plus candidates; later rounds one fresh token plus candidates.
@@ -221,34 +221,3 @@ def cache_kwarg(model: PreTrainedModel) -> str:
 
 
 _CACHE_KWARG: dict[type, str] = {}
-
-
-def forward_seconds(model: PreTrainedModel, prompt_ids: list[int], *, repeats: int = 12) -> float:
-    """Median time of one cached 1-token forward after a prefill of ``prompt_ids`` (a decode step)."""
-    device = model.device
-    with torch.inference_mode():
-        prompt = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
-        cache = DynamicCache()
-        cache_arg = {cache_kwarg(model): cache}
-        logits = model(prompt, use_cache=True, **cache_arg).logits  # [1, T, V]
-        token = logits[:, -1:].argmax(-1)  # [1, 1]
-        length = len(prompt_ids)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(
-                token,
-                use_cache=True,
-                **cache_arg,
-                position_ids=torch.tensor([[length]], device=device),
-            )
-            times.append(time.perf_counter() - started)
-            cache.crop(-1)  # drop the step again: the context length stays fixed across repeats
-    return statistics.median(times)
-
-
-def cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, prompt_ids: list[int]) -> float:
-    """c = draft forward time / target forward time, each a cached 1-token step (Leviathan et al.)."""
-    forward_seconds(target, prompt_ids, repeats=2)  # warm both up first
-    forward_seconds(draft, prompt_ids, repeats=2)
-    return forward_seconds(draft, prompt_ids) / forward_seconds(target, prompt_ids)

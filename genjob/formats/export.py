@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from genjob import crud
-from genjob.models import Item, Job, Result
-from genjob.openai_batch import response_record
+from genjob import store
+from genjob.formats.openai_output import response_record
+from genjob.tables import Item, Job, Result
 
 
 class ResultFormat(StrEnum):
@@ -73,7 +73,7 @@ def result_record(item: Item, result: Result | None) -> dict[str, Any]:
 
 
 def iter_result_records(session: Session, *, job_id: str) -> Iterator[dict[str, Any]]:
-    for item, result in crud.iter_results(session, job_id=job_id):
+    for item, result in store.iter_results(session, job_id=job_id):
         yield result_record(item, result)
 
 
@@ -102,5 +102,5 @@ def export_job(session: Session, *, job: Job, fmt: ResultFormat) -> Iterator[str
     if fmt is not ResultFormat.OPENAI:
         yield from render(iter_result_records(session, job_id=job.id), fmt)
         return
-    for item, result in crud.iter_results(session, job_id=job.id):
+    for item, result in store.iter_results(session, job_id=job.id):
         yield json.dumps(response_record(job, item, result), ensure_ascii=False) + "\n"

@@ -53,7 +53,7 @@ class Job(Base):
     assistant: Mapped[str | None] = mapped_column(String(500))
     mode: Mapped[str] = mapped_column(String(16))
     queue: Mapped[str] = mapped_column(String(100))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON, doc="Generation options (genjob.jobspec.JobSpec).")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, doc="Generation options (genjob.options.JobSpec).")
     total: Mapped[int] = mapped_column(Integer, default=0)
     done: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,0 +1,200 @@
+"""Read a prompt file (JSONL): the one streaming reader, shared by the CLI and the HTTP API.
+
+``read_prompts`` walks a binary stream line by line (``genjob.formats.lines``), parses each line in
+its format (genjob's own, ``genjob.formats.genjob_lines``, or OpenAI batch requests,
+``genjob.formats.openai_lines``, whose chat messages the ``SubmitTokenizer`` renders to text) and
+yields a ``PromptItem`` or a ``LineError`` naming the line and field. ``check_prompts`` reads a
+whole stream before anything is stored (raising ``InputFileError`` with the first problems);
+``valid_prompts`` yields the items of an already checked stream for the insert that follows.
+Must not know: the database, Celery, torch, HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from genjob.constants import InputFormat, OpenAIEndpoint
+from genjob.formats.genjob_lines import parse_genjob_line
+from genjob.formats.lines import (
+    UTF8_BOM,
+    UTF16_BOMS,
+    FileTooLarge,
+    InputFileError,
+    InputLimits,
+    LineError,
+    LineProblem,
+    ParsedLine,
+    PromptItem,
+    check_storable,
+    file_too_large_message,
+    json_error,
+    json_type,
+    read_lines,
+)
+from genjob.formats.openai_lines import parse_openai_line
+from genjob.formats.tokenizing import SubmitTokenizer
+
+MAX_REPORTED_ERRORS = 20
+
+
+def _parse_line(
+    text: str,
+    fmt: InputFormat,
+    limits: InputLimits,
+    tokenizer: SubmitTokenizer | None,
+    *,
+    last_line: bool,
+) -> ParsedLine:
+    """Parse one line; ``last_line``: it has no newline, so the file ends with it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LineProblem(json_error(exc, text, last_line=last_line)) from exc
+    if not isinstance(data, dict):
+        raise LineProblem(f"expected a JSON object, got {json_type(data)}")
+    parsed = parse_genjob_line(data) if fmt is InputFormat.GENJOB else parse_openai_line(data, tokenizer)
+    tokens = parsed.max_new_tokens
+    if tokens is not None and not 1 <= tokens <= limits.max_new_tokens_limit:
+        field = parsed.max_new_tokens_field
+        raise LineProblem(
+            f"field '{field}': must be between 1 and {limits.max_new_tokens_limit}, got {tokens}", field
+        )
+    check_storable(parsed.prompt, parsed.prompt_field)
+    check_storable(parsed.custom_id, parsed.id_field)
+    return parsed
+
+
+def read_prompts(
+    stream: BinaryIO,
+    *,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    tokenizer: SubmitTokenizer | None = None,
+    max_new_tokens: int | None = None,
+) -> Iterator[PromptItem | LineError]:
+    """Every line's item or error, in order. With a ``tokenizer`` and ``max_new_tokens`` (the job's
+    default), each valid prompt is also checked against the model's context."""
+    try:
+        yield from _read(stream, limits, input_format, tokenizer, max_new_tokens)
+    except FileTooLarge:
+        yield LineError(None, file_too_large_message(None, limits.max_file_bytes))
+
+
+def _read(
+    stream: BinaryIO,
+    limits: InputLimits,
+    fmt: InputFormat,
+    tokenizer: SubmitTokenizer | None,
+    max_new_tokens: int | None,
+) -> Iterator[PromptItem | LineError]:
+    seen_ids: set[str] = set()
+    endpoint: tuple[OpenAIEndpoint, int] | None = None  # the file's endpoint, and its first line
+    seq = 0
+    for number, raw in read_lines(stream, limits):
+        if raw is None:
+            yield LineError(number, f"line is longer than the limit of {limits.max_line_bytes} bytes")
+            continue
+        if number == 1 and raw.startswith(UTF16_BOMS):
+            yield LineError(
+                number, f"the file is UTF-16 (byte order mark {raw[:2].hex(' ')}); save it as UTF-8"
+            )
+            return
+        if number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM) :]
+        try:
+            text = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            yield LineError(number, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})")
+            continue
+        if not text.strip():
+            continue  # blank lines (and a trailing newline) are allowed
+        try:
+            parsed = _parse_line(text, fmt, limits, tokenizer, last_line=not raw.endswith(b"\n"))
+        except LineProblem as problem:
+            yield LineError(number, problem.message, problem.field)
+            continue
+        if parsed.endpoint is not None:
+            if endpoint is None:
+                endpoint = (parsed.endpoint, number)
+            elif parsed.endpoint is not endpoint[0]:
+                yield LineError(
+                    number,
+                    f"a {parsed.endpoint.value} request in a file of {endpoint[0].value} requests "
+                    f"(line {endpoint[1]}): a batch uses one endpoint",
+                    parsed.prompt_field,
+                )
+                continue
+        if parsed.custom_id is not None:
+            if parsed.custom_id in seen_ids:
+                field = parsed.id_field
+                yield LineError(number, f"field '{field}': duplicate id {parsed.custom_id!r}", field)
+                continue
+            seen_ids.add(parsed.custom_id)
+        item = PromptItem(
+            seq, number, parsed.prompt, parsed.custom_id, parsed.max_new_tokens, parsed.endpoint
+        )
+        problem = None
+        if tokenizer is not None and max_new_tokens is not None:
+            problem = tokenizer.context_problem(item.prompt, item.max_new_tokens or max_new_tokens)
+        if problem is not None:
+            yield LineError(number, f"field '{parsed.prompt_field}': {problem}", parsed.prompt_field)
+            continue
+        yield item
+        seq += 1
+
+
+@dataclass(frozen=True)
+class InputSummary:
+    count: int
+    endpoint: OpenAIEndpoint | None  # the OpenAI endpoint every line used; None for genjob lines
+
+
+def check_prompts(
+    stream: BinaryIO,
+    *,
+    source: str,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    tokenizer: SubmitTokenizer | None = None,
+    max_new_tokens: int | None = None,
+) -> InputSummary:
+    """Check every line; return the number of prompts (and endpoint) or raise ``InputFileError``."""
+    errors: list[LineError] = []
+    more = 0
+    count = 0
+    endpoint = None
+    entries = read_prompts(
+        stream, limits=limits, input_format=input_format, tokenizer=tokenizer, max_new_tokens=max_new_tokens
+    )
+    for entry in entries:
+        if isinstance(entry, LineError):
+            if len(errors) < MAX_REPORTED_ERRORS:
+                errors.append(entry)
+            else:
+                more += 1
+        else:
+            count += 1
+            endpoint = entry.endpoint
+    if not errors and count == 0:
+        errors.append(LineError(None, "no prompts found (the file is empty or has only blank lines)"))
+    if errors:
+        raise InputFileError(source, errors, more=more)
+    return InputSummary(count, endpoint)
+
+
+def valid_prompts(
+    stream: BinaryIO,
+    *,
+    source: str,
+    limits: InputLimits,
+    input_format: InputFormat = InputFormat.GENJOB,
+    tokenizer: SubmitTokenizer | None = None,
+) -> Iterator[PromptItem]:
+    """The prompts of an already checked stream; raises on the first error regardless."""
+    for entry in read_prompts(stream, limits=limits, input_format=input_format, tokenizer=tokenizer):
+        if isinstance(entry, LineError):
+            raise InputFileError(source, [entry])
+        yield entry

@@ -1,0 +1,302 @@
+"""Whole jobs in the database: create (streamed, COPY on Postgres), read, list, cancel, fail, finalize,
+expire, retry, and the pending items to queue. Keyword-only functions taking a Session.
+
+Item transitions live in ``genjob.store.items``, leases in ``genjob.store.leases``.
+Must not know: Celery, torch, transformers, the HTTP API or the CLI.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from genjob.constants import (
+    OPEN_ITEM_STATUSES,
+    TERMINAL_JOB_STATUSES,
+    ItemStatus,
+    JobStatus,
+)
+from genjob.formats.lines import PromptItem
+from genjob.options import JobSpec
+from genjob.store.leases import as_utc, lease_is_free
+from genjob.tables import Item, Job, Result, utcnow
+
+INSERT_BATCH = 2000
+PAGE_SIZE = 5000
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r}")
+        self.job_id = job_id
+
+
+def batched(iterable: Iterable, size: int) -> Iterator[tuple]:
+    """itertools.batched (Python 3.12) for 3.11."""
+    iterator = iter(iterable)
+    while batch := tuple(islice(iterator, size)):
+        yield batch
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def create_job(
+    session: Session,
+    *,
+    spec: JobSpec,
+    items: Iterable[PromptItem],
+    queue: str,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    job_id: str | None = None,
+) -> Job:
+    """Insert a job and all its items in the caller's transaction, streamed in flat memory.
+
+    Postgres (psycopg) gets one ``COPY items FROM STDIN``; other databases executemany batches.
+    """
+    job = Job(
+        id=job_id or new_job_id(),
+        name=name,
+        status=JobStatus.QUEUED,
+        model=spec.model,
+        assistant=spec.assistant,
+        mode=spec.mode,
+        queue=queue,
+        spec=spec.model_dump(mode="json"),
+        total=0,
+        done=0,
+        failed=0,
+        expires_at=expires_at,
+    )
+    session.add(job)
+    session.flush()
+    rows = (
+        (job.id, item.seq, item.line, item.custom_id, item.prompt, item.max_new_tokens, ItemStatus.PENDING, 0)
+        for item in items
+    )
+    if session.get_bind().dialect.driver == "psycopg":
+        job.total = _copy_items(session, rows)
+    else:
+        job.total = 0
+        for batch in batched(rows, INSERT_BATCH):
+            session.execute(insert(Item), [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in batch])
+            job.total += len(batch)
+    session.flush()
+    return job
+
+
+ITEM_COLUMNS = ("job_id", "seq", "line", "custom_id", "prompt", "max_new_tokens", "status", "attempts")
+
+
+def _copy_items(session: Session, rows: Iterable[tuple]) -> int:
+    """Stream rows into ``items`` with COPY (about 3x faster than executemany); returns the count."""
+    count = 0
+    cursor = session.connection().connection.cursor()
+    try:
+        with cursor.copy(f"COPY items ({', '.join(ITEM_COLUMNS)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+                count += 1
+    finally:
+        cursor.close()
+    return count
+
+
+def get_job(session: Session, *, job_id: str) -> Job:
+    """The job with this id, or the only job whose id starts with it."""
+    job = session.get(Job, job_id)
+    if job is not None:
+        return job
+    matches = session.scalars(select(Job).where(Job.id.startswith(job_id, autoescape=True)).limit(2)).all()
+    if len(matches) == 1:
+        return matches[0]
+    raise JobNotFound(job_id)
+
+
+def list_jobs(
+    session: Session, *, status: str | None = None, limit: int = 50, offset: int = 0
+) -> Sequence[Job]:
+    query = select(Job).order_by(Job.created_at.desc(), Job.id)
+    if status:
+        query = query.where(Job.status == status)
+    return session.scalars(query.limit(limit).offset(offset)).all()
+
+
+def pending_item_chunks(
+    session: Session, *, job_id: str, chunk_size: int, unleased_at: datetime | None = None
+) -> Iterator[list[int]]:
+    """Ids of the job's pending items, in input order, in chunks of ``chunk_size``.
+
+    Read a page at a time (flat memory for any job size). With ``unleased_at``, items reserved
+    by a worker whose lease is still live at that time are left out (they are in its chunk).
+    """
+    query = select(Item.id, Item.seq).where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
+    if unleased_at is not None:
+        query = query.where(lease_is_free(unleased_at))
+    last_seq = -1
+    chunk: list[int] = []
+    while True:
+        page = session.execute(query.where(Item.seq > last_seq).order_by(Item.seq).limit(PAGE_SIZE)).all()
+        for item_id, seq in page:
+            chunk.append(item_id)
+            last_seq = seq
+            if len(chunk) == chunk_size:
+                yield chunk
+                chunk = []
+        if len(page) < PAGE_SIZE:
+            break
+    if chunk:
+        yield chunk
+
+
+def live_jobs_with_pending_items(session: Session) -> list[tuple[str, str]]:
+    """(job id, queue) of every job that has not ended and still has pending items."""
+    has_pending = select(Item.id).where(Item.job_id == Job.id, Item.status == ItemStatus.PENDING).exists()
+    query = select(Job.id, Job.queue).where(Job.status.not_in(list(TERMINAL_JOB_STATUSES)), has_pending)
+    return [(job_id, queue) for job_id, queue in session.execute(query.order_by(Job.created_at))]
+
+
+def cancel_job(session: Session, *, job: Job) -> bool:
+    """Cancel a job that has not ended: pending items are cancelled, the one in flight finishes."""
+    moved = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
+        .values(status=JobStatus.CANCELLED, finished_at=utcnow())
+    ).rowcount
+    if not moved:
+        return False
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job.id, Item.status == ItemStatus.PENDING)
+        .values(status=ItemStatus.CANCELLED, finished_at=utcnow())
+    )
+    session.refresh(job)
+    return True
+
+
+def mark_job_running(session: Session, *, job_id: str) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.RUNNING, started_at=utcnow())
+    )
+
+
+def fail_job(session: Session, *, job_id: str, error: str) -> None:
+    """A job-level failure (say, its model cannot be loaded): every open item fails with it."""
+    failed = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.status.in_(list(OPEN_ITEM_STATUSES)))
+        .values(status=ItemStatus.FAILED, error=error, finished_at=utcnow())
+    ).rowcount
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
+        .values(status=JobStatus.FAILED, error=error, failed=Job.failed + failed, finished_at=utcnow())
+    )
+
+
+def finalize_job(session: Session, *, job_id: str) -> str | None:
+    """End a running job whose items are all final; return its new status, or None if still open."""
+    open_items = session.scalar(
+        select(func.count())
+        .select_from(Item)
+        .where(Item.job_id == job_id, Item.status.in_(list(OPEN_ITEM_STATUSES)))
+    )
+    if open_items:
+        return None
+    job = session.get(Job, job_id)
+    if job is None or job.status in TERMINAL_JOB_STATUSES:
+        return None
+    status = JobStatus.FAILED if job.done == 0 and job.failed > 0 else JobStatus.COMPLETED
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
+        .values(status=status, finished_at=utcnow())
+    )
+    return status
+
+
+def expire_due_jobs(session: Session, *, now: datetime | None = None, job_id: str | None = None) -> list[str]:
+    """End every job (or just ``job_id``) past its ``expires_at``: status expired, pending items
+    expired. An item in flight finishes and is kept. Returns the ids of the jobs it ended."""
+    now = now or utcnow()
+    query = select(Job.id, Job.expires_at).where(
+        Job.status.not_in(list(TERMINAL_JOB_STATUSES)), Job.expires_at.is_not(None), Job.expires_at <= now
+    )
+    if job_id is not None:
+        query = query.where(Job.id == job_id)
+    ended = []
+    for due_id, expires_at in session.execute(query).all():
+        error = f"expired: not finished by {as_utc(expires_at):%Y-%m-%d %H:%M:%S} UTC"
+        moved = session.execute(
+            update(Job)
+            .where(Job.id == due_id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
+            .values(status=JobStatus.EXPIRED, error=error, finished_at=now)
+        ).rowcount
+        if moved:
+            session.execute(
+                update(Item)
+                .where(Item.job_id == due_id, Item.status == ItemStatus.PENDING)
+                .values(status=ItemStatus.EXPIRED, finished_at=now, lease_expires_at=None)
+            )
+            ended.append(due_id)
+    return ended
+
+
+RETRYABLE_JOB_STATUSES = frozenset(
+    {JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus.FAILED}
+)
+
+
+def retry_failed_items(session: Session, *, job: Job, expires_at: datetime | None = None) -> int:
+    """Put a job's failed items back to pending with fresh tries; the job runs again. Returns how many.
+
+    Only failed items move: done items keep their results. A job that ended completed or failed
+    is queued again (its deadline is ``expires_at``, none by default).
+    """
+    if job.status not in RETRYABLE_JOB_STATUSES:
+        raise ValueError(
+            f"job {job.id} ended {job.status}: only failed items of a live, completed or "
+            "failed job are retried"
+        )
+    retried = session.execute(
+        update(Item)
+        .where(Item.job_id == job.id, Item.status == ItemStatus.FAILED)
+        .values(
+            status=ItemStatus.PENDING,
+            attempts=0,
+            error=None,
+            finished_at=None,
+            claimed_by=None,
+            lease_expires_at=None,
+        )
+    ).rowcount
+    if retried:
+        values: dict[str, Any] = {"failed": Job.failed - retried}
+        if job.status in TERMINAL_JOB_STATUSES:
+            values.update(status=JobStatus.QUEUED, error=None, finished_at=None, expires_at=expires_at)
+        session.execute(update(Job).where(Job.id == job.id).values(**values))
+        session.refresh(job)
+    return retried
+
+
+def iter_results(session: Session, *, job_id: str) -> Iterator[tuple[Item, Result | None]]:
+    """Every item of the job in input order, with its result where it has one (streamed)."""
+    query = (
+        select(Item, Result)
+        .outerjoin(Result, Result.item_id == Item.id)
+        .where(Item.job_id == job_id)
+        .order_by(Item.seq)
+        .execution_options(yield_per=1000)
+    )
+    for row in session.execute(query):
+        yield row.tuple()

@@ -1,0 +1,109 @@
+"""Submit a prompt file as a job: validate it whole, then store the job and its items.
+
+Shared by the CLI and the HTTP API. Validation reads the file once (streamed) and the insert reads
+it again inside one transaction, so a bad file leaves the database untouched. Queueing the stored
+job is ``genjob.queueing`` (or in-process, embedded); tokenizer work at submit (chat templates,
+the context check) goes through the ``SubmitTokenizer`` the caller hands in.
+Must not know: torch, transformers, Celery's workers, HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from genjob import store
+from genjob.constants import InputFormat
+from genjob.db import ensure_schema, session_scope
+from genjob.formats.lines import InputLimits, check_file_size
+from genjob.formats.reader import check_prompts, valid_prompts
+from genjob.formats.tokenizing import SubmitTokenizer
+from genjob.options import JobSpec
+from genjob.settings import Settings
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    items: int
+
+
+def input_limits(settings: Settings) -> InputLimits:
+    return InputLimits(
+        max_line_bytes=settings.max_line_bytes,
+        max_new_tokens_limit=settings.max_new_tokens_limit,
+        max_file_bytes=settings.max_upload_bytes,
+    )
+
+
+def prepare_database(settings: Settings) -> None:
+    """Embedded SQLite migrates itself; any other database must already be at head."""
+    ensure_schema(settings.database_url, auto_upgrade=settings.database_url.startswith("sqlite"))
+
+
+def store_job(
+    settings: Settings,
+    *,
+    path: Path,
+    spec: JobSpec,
+    tokenizer: SubmitTokenizer | None = None,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    input_format: InputFormat = InputFormat.GENJOB,
+) -> Submitted:
+    """Validate the whole file, then insert the job and its items in one transaction."""
+    check_file_size(path, limits=input_limits(settings))
+    with path.open("rb") as stream:
+        return store_job_stream(
+            settings,
+            stream=stream,
+            source=str(path),
+            spec=spec,
+            tokenizer=tokenizer,
+            name=name,
+            expires_at=expires_at,
+            input_format=input_format,
+        )
+
+
+def store_job_stream(
+    settings: Settings,
+    *,
+    stream: BinaryIO,
+    source: str,
+    spec: JobSpec,
+    tokenizer: SubmitTokenizer | None = None,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    input_format: InputFormat = InputFormat.GENJOB,
+) -> Submitted:
+    """``store_job`` on a seekable binary stream (an upload spooled by the API), read twice.
+
+    Chat messages (OpenAI lines) are rendered here by ``tokenizer`` (the target's chat template), so
+    the items hold prompt text whichever way they came; prompts are checked against the model's
+    context here when the tokenizer can tell.
+    """
+    limits = input_limits(settings)
+    start = stream.tell()
+    summary = check_prompts(
+        stream,
+        source=source,
+        limits=limits,
+        input_format=input_format,
+        tokenizer=tokenizer,
+        max_new_tokens=spec.max_new_tokens,
+    )
+    stream.seek(start)
+    if summary.endpoint is not None:
+        spec = spec.model_copy(update={"endpoint": summary.endpoint})
+    items = valid_prompts(
+        stream, source=source, limits=limits, input_format=input_format, tokenizer=tokenizer
+    )
+    with session_scope(settings.database_url) as session:
+        job = store.create_job(
+            session, spec=spec, items=items, queue=settings.queue, name=name, expires_at=expires_at
+        )
+        assert job.total == summary.count
+        return Submitted(job_id=job.id, items=job.total)

@@ -1,0 +1,31 @@
+"""Run a stored job: queue its chunks on the broker, or, embedded (no broker), run them in this process.
+
+The one place that decides between the two, for the CLI and the API. Imports no torch until an
+embedded job actually runs. Must not know: HTTP, the CLI.
+"""
+
+from __future__ import annotations
+
+from genjob import store
+from genjob.db import session_scope
+from genjob.queueing import publish_pending
+from genjob.settings import Settings
+from genjob.store import leases
+
+
+def enqueue_job(settings: Settings, *, job_id: str, chunk_size: int) -> int:
+    """Queue the job's pending items as chunks, or run them right here in embedded mode. Returns chunks.
+
+    Safe to repeat: workers skip items that are final or held by another live worker.
+    """
+    if not settings.embedded:
+        return publish_pending(settings, job_id=job_id, chunk_size=chunk_size)
+    from genjob.worker.chunks import process_chunk
+    from genjob.worker.leasing import worker_name
+
+    with session_scope(settings.database_url) as session:
+        leases.reclaim_expired_leases(session, job_id=job_id)
+        chunks = list(store.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
+    for item_ids in chunks:
+        process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker=worker_name())
+    return len(chunks)
