@@ -60,18 +60,26 @@ class JobStatsOut(BaseModel):
     target_rounds: int
     draft_proposed: int
     draft_accepted: int
+    draft_rejections: int
     generate_seconds: float
-    acceptance_rate: float | None = Field(description="α: draft tokens accepted / proposed.")
+    acceptance_rate: float | None = Field(description="Draft tokens accepted / proposed.")
+    alpha: float | None = Field(description="Per-token α: accepted / (accepted + rejections).")
     mean_accepted_per_round: float | None
     tokens_per_second: float | None
+    mean_batch_size: float | None
+    gamma_hist: dict[str, int] | None = Field(description="Rounds by draft length k.")
     draft_tokens: int | None = Field(description="γ last used.")
-    cost_ratio: float | None = Field(description="c: draft forward time / target forward time.")
+    cost_ratio: float | None = Field(description="c: draft step / target step at the mean batch size.")
+    costs: dict[str, Any] | None = Field(description="Forward costs measured on a worker (ms).")
     expected_speedup: float | None
-    measured_speedup: float | None = Field(description="From the A/B against plain decoding.")
-    baseline_items: int
+    measured_speedup: float | None = Field(
+        description="Tokens/s ÷ plain tokens/s at the same batch size on the same workers (probe rounds)."
+    )
+    measured_speedup_low: float | None
+    measured_speedup_high: float | None
+    probe_rounds: int
+    lossless_checked: int
     lossless_rate: float | None
-    guard_tripped: bool
-    guard_reason: str | None
 
 
 class JobOut(BaseModel):

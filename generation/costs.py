@@ -1,87 +1,194 @@
-"""Costs measured on this device: a cached decode step, the draft/target cost ratio, a batch size probe.
+"""What a round costs on this device, and the draft length that makes the most tokens per second.
 
-Token ids and tensors only: must not know the database, Celery or HTTP.
+``CostModel.measure`` times the target's forward of q new tokens per row at a few batch sizes B
+(powers of two) and query lengths q, at a representative cache length, and the draft's one-token
+step; between grid points it interpolates linearly. Live rounds keep it honest: each observed round
+time updates a correction factor per draft length (an exponential average of measured / predicted).
+
+Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room for m_i(k) drafts
+yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
+verification of k+1 tokens per row. ``choose_draft_length`` picks the k in 0..k_max maximising
+Σ_i E_i(k) / seconds(B, k). k = 0 is plain decoding, so by the model's own measure a round is never
+worse than plain decoding; a new k must beat the current one by a margin (hysteresis).
+Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
-import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from genjob.generation.batched import forward_step
-from genjob.generation.engine import cache_kwarg
+from genjob.generation.forward import cache_shapes, forward_rows
 from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
 
-
-def forward_seconds(model: PreTrainedModel, prompt_ids: list[int], *, repeats: int = 12) -> float:
-    """Median time of one cached 1-token forward after a prefill of ``prompt_ids`` (a decode step)."""
-    device = model.device
-    with torch.inference_mode():
-        prompt = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
-        cache = DynamicCache()
-        cache_arg = {cache_kwarg(model): cache}
-        logits = model(prompt, use_cache=True, **cache_arg).logits  # [1, T, V]
-        token = logits[:, -1:].argmax(-1)  # [1, 1]
-        length = len(prompt_ids)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(
-                token,
-                use_cache=True,
-                **cache_arg,
-                position_ids=torch.tensor([[length]], device=device),
-            )
-            times.append(time.perf_counter() - started)
-            cache.crop(-1)  # drop the step again: the context length stays fixed across repeats
-    return statistics.median(times)
+LIVE_WEIGHT = 0.1  # weight of a new observation in the live correction
+SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
 
 
-def cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, prompt_ids: list[int]) -> float:
-    """c = draft forward time / target forward time, each a cached 1-token step (Leviathan et al.)."""
-    forward_seconds(target, prompt_ids, repeats=2)  # warm both up first
-    forward_seconds(draft, prompt_ids, repeats=2)
-    return forward_seconds(draft, prompt_ids) / forward_seconds(target, prompt_ids)
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys), extrapolated linearly past the ends (xs ascending)."""
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
 
 
-def probe_batch_size(
-    target: PreTrainedModel, *, draft_tokens: int, context: int = 32, largest: int = 32
+@dataclass
+class CostModel:
+    """Seconds of forwards measured on this device: ``verify[B][q]`` for the target, ``draft[B]`` for a
+    draft step (0 without a draft model), at ``context`` cached tokens per row."""
+
+    batch_sizes: list[int]
+    query_lengths: list[int]
+    verify: dict[int, list[float]]
+    draft: dict[int, float]
+    context: int
+    correction: dict[int, float] = field(default_factory=dict)
+
+    def verify_seconds(self, batch: int, q: int) -> float:
+        by_batch = [_interpolate(self.query_lengths, self.verify[b], q) for b in self.batch_sizes]
+        return _interpolate(self.batch_sizes, by_batch, batch)
+
+    def draft_seconds(self, batch: int) -> float:
+        return _interpolate(self.batch_sizes, [self.draft[b] for b in self.batch_sizes], batch)
+
+    def predicted(self, batch: int, k: int) -> float:
+        """The model's seconds for a round: k draft steps and a verification of k+1 tokens per row."""
+        return k * self.draft_seconds(batch) + self.verify_seconds(batch, k + 1)
+
+    def round_seconds(self, batch: int, k: int) -> float:
+        return self.predicted(batch, k) * self.correction.get(k, self.correction.get(0, 1.0))
+
+    def observe(self, batch: int, k: int, seconds: float) -> None:
+        """A live round took ``seconds``: move the correction for k towards measured / predicted."""
+        ratio = seconds / self.predicted(batch, k)
+        old = self.correction.get(k)
+        self.correction[k] = ratio if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * ratio
+
+    def at_batch(self, batch: float, ks: Sequence[int]) -> dict[str, object]:
+        """The costs at one batch size (ms): a plain step, a draft step, a verification of k+1 tokens."""
+        b = max(1, round(batch))
+        return {
+            "batch": round(batch, 2),
+            "plain_ms": round(self.verify_seconds(b, 1) * 1e3, 4),
+            "draft_step_ms": round(self.draft_seconds(b) * 1e3, 4),
+            "verify_ms": {str(k): round(self.verify_seconds(b, k + 1) * 1e3, 4) for k in sorted(ks)},
+        }
+
+    def as_dict(self) -> dict[str, object]:
+        """The figures a job records (milliseconds), so users can redo the expected speedup by hand."""
+        return {
+            "context": self.context,
+            "batch_sizes": self.batch_sizes,
+            "query_lengths": self.query_lengths,
+            "verify_ms": {str(b): [round(s * 1e3, 4) for s in self.verify[b]] for b in self.batch_sizes},
+            "draft_step_ms": {str(b): round(self.draft[b] * 1e3, 4) for b in self.batch_sizes},
+        }
+
+    @classmethod
+    def measure(
+        cls,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | None,
+        *,
+        max_batch: int,
+        max_query: int,
+        context: int = 64,
+        repeats: int = 2,
+    ) -> CostModel:
+        """Time the grid (fastest of ``repeats`` after a warm-up): B = 1, 2, 4, … ≤ max_batch (stopping
+        early once a forward takes over half a second), q = 1, 2, 3, 4, 6, 8, … ≤ max_query."""
+        queries = sorted({q for q in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if q <= max_query} | {max_query})
+        batches: list[int] = []
+        verify: dict[int, list[float]] = {}
+        drafts: dict[int, float] = {}
+        b = 1
+        while b <= max_batch:
+            verify[b] = [_time_forward(target, b, q, context, repeats) for q in queries]
+            drafts[b] = _time_forward(draft, b, 1, context, repeats) if draft is not None else 0.0
+            batches.append(b)
+            if verify[b][-1] > SLOW_FORWARD_S or b == max_batch:
+                break
+            b = min(2 * b, max_batch)
+        model = cls(batches, queries, verify, drafts, context)
+        log.info("cost model: %s", model.as_dict())
+        return model
+
+
+@torch.inference_mode()
+def _time_forward(model: PreTrainedModel, batch: int, q: int, context: int, repeats: int) -> float:
+    cache = SlotCache(cache_shapes(model), dtype=model.dtype, device=model.device)
+    cache.reserve(batch, context + q)
+    lengths = torch.full((batch,), context, dtype=torch.long, device=model.device)
+    tokens = torch.zeros(batch, q, dtype=torch.long, device=model.device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first is a warm-up
+        _synchronize(model.device)
+        started = time.perf_counter()
+        forward_rows(model, cache, (0, batch), lengths, tokens)
+        _synchronize(model.device)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def expected_tokens(acceptance: float, drafts: int) -> float:
+    """Tokens a round yields with per-token acceptance a and ``drafts`` proposals: Σ_{j≤drafts} a^j."""
+    if acceptance >= 1.0:
+        return float(drafts + 1)
+    return (1 - acceptance ** (drafts + 1)) / (1 - acceptance)
+
+
+def choose_draft_length(
+    costs: CostModel,
+    acceptance: Sequence[float],
+    room: Sequence[int],
+    *,
+    k_max: int,
+    current: int,
+    margin: float = 0.05,
 ) -> int:
-    """A batch size for this device: double B while a verify pass of B·(γ+1) tokens still gets
-    ≥ 1.25× more tokens per second (time(2B) < 1.6 · time(B)); a few forwards, fastest of three."""
-    q = draft_tokens + 1
-    device = target.device
+    """The k maximising expected tokens per second for these rows (``acceptance`` a_i, ``room`` the
+    most drafts row i can use: its proposals and its tokens left − 1); ``current`` unless another k
+    is better by more than ``margin``."""
+    batch = len(acceptance)
+    best_k, best, at_current = 0, -1.0, -1.0
+    for k in range(k_max + 1):
+        tokens = sum(expected_tokens(a, min(k, m)) for a, m in zip(acceptance, room, strict=True))
+        goodput = tokens / costs.round_seconds(batch, k)
+        if goodput > best:
+            best_k, best = k, goodput
+        if k == current:
+            at_current = goodput
+    if current <= k_max and at_current > 0 and best <= at_current * (1 + margin):
+        return current
+    return best_k
 
-    @torch.inference_mode()
-    def seconds(b: int) -> float:
-        template = DynamicCache(config=target.config)
-        ids = torch.zeros(1, context, dtype=torch.long, device=device)
-        target(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(target): template})
-        cache = SlotCache(template, b, context + q)
-        lengths = torch.full((b,), context, dtype=torch.long, device=device)
-        tokens = torch.zeros(b, q, dtype=torch.long, device=device)
-        best = float("inf")
-        for _ in range(3):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            forward_step(target, cache, lengths, tokens)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - started)
-        return best
 
-    b, previous = 1, seconds(1)
-    while b < largest:
-        current = seconds(2 * b)
-        if current > 1.6 * previous:
-            break
-        b, previous = 2 * b, current
-    log.info("probed batch size %d for %s on %s", b, target.config.model_type, device)
-    return b
+def expected_speedup(
+    costs: CostModel, alpha: float, gamma_hist: dict[int, int], batch: float
+) -> float | None:
+    """Leviathan et al.'s expected speedup with c generalised to the measured verify cost, over the
+    rounds a job ran: Σ_k n_k E(α, k) t_plain(B) / Σ_k n_k (k t_draft(B) + t_verify(B, k+1)), with
+    n_k the rounds at draft length k and B the job's mean batch size."""
+    b = max(1, round(batch))
+    rounds = sum(gamma_hist.values())
+    if not rounds:
+        return None
+    plain = costs.verify_seconds(b, 1)
+    produced = sum(n * expected_tokens(alpha, k) * plain for k, n in gamma_hist.items())
+    spent = sum(n * costs.predicted(b, k) for k, n in gamma_hist.items())
+    return produced / spent

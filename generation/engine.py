@@ -1,223 +1,353 @@
-"""The generation engine: token ids in, token ids out, with the statistics of every decode.
+"""The one decoding loop: every batch size, every mode (plain, draft model, prompt lookup), greedy or
+sampled, rows joining as others leave (continuous batching). Token ids in, token ids out.
 
-Covers plain decoding (the baseline), assisted generation with a draft model and n-gram prompt
-lookup, all through transformers' ``generate``; greedy by default, speculative sampling when a
-temperature is set. It must not know about Celery, the database or HTTP: the worker, the embedded
-mode and the benchmarks all call it the same way.
-
-Counting, per item (transformers calls the target once per verification round):
-  - ``target_rounds``: forward passes of the target (a forward pre-hook counts them);
-  - ``draft_proposed``: candidate tokens the target was asked to verify, read from the hook as
-    the input length of each round minus the tokens not yet in the target's cache (the whole
-    prompt in round 1, then the one token the target produced in the round before);
-  - ``draft_accepted``: the streamer gets one ``put`` per round of (accepted + 1) tokens,
-    after the prompt's own ``put``, so accepted = Σ (size − 1).
-  Hence ``new_tokens == target_rounds + draft_accepted`` for every decode.
+A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched):
+  1. choose k (``choose_draft_length``: the most expected tokens per second from the measured
+     costs at this B and each row's acceptance so far; 0 = plain decoding);
+  2. the proposer guesses up to k tokens per row (none when k = 0);
+  3. the target verifies [pending, d_1..d_k] of every row in one forward, (B, k+1) → logits;
+  4. ``verify_drafts`` keeps a_r drafts and one target token per row (one host sync per round:
+     the accepted counts and tokens come back together);
+  5. rows that hit an EOS id, a stop sequence or max_new_tokens leave; queued requests are prefilled
+     together (ragged, right-padded) into the freed slots at the next step.
+Every ``probe_every``-th round decodes plainly (k = 0) whatever the choice: those rounds time plain
+decoding at the same batch size, on the same rows, for the measured speedup (``EngineStats``).
+An out-of-memory error halves the batch: every row goes back to the queue with its tokens (their
+caches are recomputed on admission) and nothing fails. The device's one host sync per round is step 4.
+Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
 
-import inspect
+import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Iterable, Iterator
 
 import torch
 from transformers import PreTrainedModel
-from transformers.generation.streamers import BaseStreamer
 
-# Decoding modes and γ schedules by their job-option values (the core's DecodingMode and DraftSchedule
-# are StrEnums with these values; this package does not import the core).
-DRAFT, PROMPT_LOOKUP, NONE = "draft", "prompt-lookup", "none"
-HEURISTIC = "heuristic"
+from genjob.generation.costs import CostModel, choose_draft_length
+from genjob.generation.engine_stats import EngineStats, acceptance_estimates
+from genjob.generation.forward import cache_shapes, forward_rows, max_positions
+from genjob.generation.proposers import BatchView, Proposer
+from genjob.generation.requests import Finished, Request, Row, RowStats
+from genjob.generation.sampling import RowSampling, first_tokens, verify_drafts
+from genjob.generation.slot_cache import SlotCache
 
+log = logging.getLogger(__name__)
 
-@dataclass
-class DecodeStats:
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    target_rounds: int = 0
-    draft_proposed: int = 0
-    draft_accepted: int = 0
-    latency_s: float = 0.0
-    finish_reason: str = "length"
-
-
-@dataclass
-class Decoded:
-    token_ids: list[int]  # the new tokens only, without the prompt
-    stats: DecodeStats
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-
-class RoundCounter(BaseStreamer):
-    """Streamer that records the size of every ``put`` after the prompt's."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-        self._seen_prompt = False
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self._seen_prompt:
-            self._seen_prompt = True
-            return
-        self.sizes.append(int(value.numel()))
-
-    def end(self) -> None:
-        pass
-
-
-@dataclass
-class _TargetCalls:
-    input_lengths: list[int] = field(default_factory=list)
-
-
-@contextmanager
-def _count_target_calls(model: PreTrainedModel) -> Iterator[_TargetCalls]:
-    calls = _TargetCalls()
-
-    def hook(_module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            ids = kwargs["inputs_embeds"]
-        calls.input_lengths.append(int(ids.shape[1]))
-
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield calls
-    finally:
-        handle.remove()
+EXPLORE_EVERY = 16  # while k = 0 pays best, every 16th round still tries k = 1 to keep estimates fresh
 
 
 class Engine:
-    """Decodes one prompt at a time with a target model and an optional draft model.
+    """Decodes ``Request``s with ``target`` and an optional ``proposer``, up to ``max_rows`` at a time.
 
-    ``draft_tokens`` (γ) is what the draft proposes per round; with the ``heuristic`` schedule
-    transformers raises it by 2 after a fully accepted round and lowers it by 1 otherwise. The
-    engine keeps that learned γ itself (``self.draft_tokens``) so it carries across the items of a
-    job, instead of leaking into the cached draft model shared with other jobs.
+    ``k_max`` bounds the draft length; ``fixed_k`` pins it (a constant γ: seeded sampled rows then
+    repeat exactly at any batch size). ``costs`` (measured if not given) drives the choice of k.
+    ``kv_budget_bytes`` bounds the K/V caches: fewer rows are admitted when long rows need the room.
     """
 
     def __init__(
         self,
         target: PreTrainedModel,
+        proposer: Proposer | None = None,
         *,
-        assistant: PreTrainedModel | None = None,
-        mode: str = DRAFT,
-        draft_tokens: int = 5,
-        schedule: str = HEURISTIC,
-        prompt_lookup_tokens: int = 10,
-        eos_token_id: int | None = None,
-        pad_token_id: int | None = None,
+        max_rows: int = 16,
+        k_max: int = 8,
+        fixed_k: int | None = None,
+        costs: CostModel | None = None,
+        probe_every: int = 0,
+        kv_budget_bytes: int | None = None,
     ) -> None:
-        if mode == DRAFT and assistant is None:
-            raise ValueError("mode 'draft' needs an assistant model")
-        self.target = target
-        self.assistant = assistant if mode == DRAFT else None
-        self.mode = mode
-        self.draft_tokens = draft_tokens
-        self.schedule = schedule
-        self.prompt_lookup_tokens = prompt_lookup_tokens
-        self.eos_token_id = eos_token_id if eos_token_id is not None else target.config.eos_token_id
-        self.pad_token_id = pad_token_id if pad_token_id is not None else self.eos_token_id
+        if max_rows < 1 or k_max < 0 or (fixed_k is not None and not 0 <= fixed_k <= k_max):
+            raise ValueError(
+                f"need max_rows >= 1 and 0 <= fixed_k <= k_max, got {max_rows}, {fixed_k}, {k_max}"
+            )
+        self.target, self.proposer = target, proposer
+        self.k_max = k_max if proposer is not None else 0
+        self.fixed_k = fixed_k if proposer is not None else 0
+        self.max_rows, self.probe_every = max_rows, probe_every if proposer is not None else 0
+        draft_model = getattr(proposer, "model", None)
+        self.costs = costs or CostModel.measure(
+            target, draft_model, max_batch=max_rows, max_query=self.k_max + 1
+        )
+        self.cache = SlotCache(cache_shapes(target), dtype=target.dtype, device=target.device)
+        self.kv_budget_bytes = kv_budget_bytes
+        self.context_limit = max_positions(target)
+        self.rows: list[Row] = []
+        self.waiting: deque[Row] = deque()  # admitted by the caller, not yet prefilled
+        self.stats = EngineStats()
+        self.k = 0 if self.fixed_k is None else self.fixed_k
+        self._round = 0
 
+    # --- the caller's side ---------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self.target.device
 
-    def _mode_kwargs(self, mode: str) -> dict:
-        if mode == DRAFT:
-            assert self.assistant is not None
-            config = self.assistant.generation_config
-            config.num_assistant_tokens = self.draft_tokens
-            config.num_assistant_tokens_schedule = str(self.schedule)
-            config.assistant_confidence_threshold = 0.0  # always propose γ tokens; γ adapts instead
-            return {"assistant_model": self.assistant}
-        if mode == PROMPT_LOOKUP:
-            return {"prompt_lookup_num_tokens": self.prompt_lookup_tokens}
-        return {}
+    @property
+    def busy(self) -> int:
+        return len(self.rows) + len(self.waiting)
 
-    def generate(self, input_ids: list[int], options: DecodeOptions, *, mode: str | None = None) -> Decoded:
-        """Decode one prompt; ``mode`` overrides the engine's (``none`` gives the plain baseline)."""
-        mode = self.mode if mode is None else mode
-        prompt = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        sampling: dict = {"do_sample": False}
-        if options.temperature > 0:
-            sampling = {"do_sample": True, "temperature": options.temperature, "top_p": options.top_p}
-            torch.manual_seed(options.seed if options.seed is not None else 0)
-        counter = RoundCounter()
-        with torch.inference_mode(), _count_target_calls(self.target) as calls:
-            started = time.perf_counter()
-            output = self.target.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=options.max_new_tokens,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-                streamer=counter,
-                top_k=None,
-                **sampling,
-                **self._mode_kwargs(mode),
+    @property
+    def free_rows(self) -> int:
+        """How many more requests to add now (the batch's room, bounded by the K/V budget)."""
+        room = self.max_rows
+        if self.kv_budget_bytes is not None and self.busy:
+            longest = max(self._capacity_for(row.request) for row in (*self.rows, *self.waiting))
+            per_row = self._bytes_per_token() * longest
+            room = min(room, max(1, self.kv_budget_bytes // per_row))
+        return max(0, room - self.busy)
+
+    def add(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            limit = self.context_limit
+            if limit is not None and len(request.input_ids) + request.max_new_tokens > limit:
+                raise ValueError(
+                    f"request {request.key}: {len(request.input_ids)} prompt tokens + max_new_tokens "
+                    f"{request.max_new_tokens} exceed the model's context of {limit}"
+                )
+            stats = RowStats(prompt_tokens=len(request.input_ids))
+            self.waiting.append(Row(request=request, stats=stats, admitted=time.perf_counter()))
+
+    def step(self) -> list[Finished]:
+        """Admit what waits (up to the room), then one round; returns the rows that finished."""
+        try:
+            finished = self._admit()
+            if self.rows:
+                finished += self._round_of_decoding()
+        except torch.OutOfMemoryError:
+            self._halve_after_oom()
+            return []
+        return finished
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Finished]:
+        """Decode ``requests`` (pulled lazily, one whenever a row is free), yielding rows as they finish."""
+        queue, exhausted = iter(requests), False
+        while True:
+            while not exhausted and self.free_rows:
+                request = next(queue, None)
+                if request is None:
+                    exhausted = True
+                else:
+                    self.add([request])
+            if exhausted and not self.busy:
+                return
+            yield from self.step()
+
+    def abandon(self) -> list[int]:
+        """Drop every row and waiting request (after a failed round): their keys, to be run again."""
+        keys = [row.request.key for row in (*self.rows, *self.waiting)]
+        self.rows, self.waiting = [], deque()
+        return keys
+
+    # --- admission: ragged prefill of the waiting rows into the slots after the last row -------------
+    def _capacity_for(self, request: Request) -> int:
+        return len(request.input_ids) + request.max_new_tokens + self.k_max + 1
+
+    def _bytes_per_token(self) -> int:
+        draft = getattr(self.proposer, "cache", None)
+        return self.cache.bytes_per_token() + (draft.bytes_per_token() if isinstance(draft, SlotCache) else 0)
+
+    @torch.inference_mode()
+    def _admit(self) -> list[Finished]:
+        room = max(0, self.max_rows - len(self.rows))
+        new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        if not new:
+            return []
+        started, start = time.perf_counter(), len(self.rows)
+        capacity = max(self._capacity_for(row.request) for row in (*self.rows, *new))
+        slots = min(self.max_rows, max(start + len(new), 2 * self.cache.slots))
+        self.cache.reserve(slots, capacity)
+        if self.proposer is not None:
+            self.proposer.reserve(slots, capacity)
+        fresh = [not row.tokens for row in new]
+        inputs = [
+            row.request.input_ids if is_fresh else row.context[:-1]
+            for row, is_fresh in zip(new, fresh, strict=True)
+        ]
+        width = max(len(ids) for ids in inputs)
+        ids = torch.tensor([x + [0] * (width - len(x)) for x in inputs], dtype=torch.long, device=self.device)
+        lengths = torch.tensor([len(x) for x in inputs], device=self.device)
+        zero = torch.zeros_like(lengths)
+        self.rows.extend(new)
+        try:
+            logits = forward_rows(
+                self.target, self.cache, (start, start + len(new)), zero, ids, last=lengths - 1
             )
-            latency = time.perf_counter() - started
-        if mode == DRAFT and self.schedule == HEURISTIC:
-            assert self.assistant is not None
-            self.draft_tokens = int(self.assistant.generation_config.num_assistant_tokens)
-        new = output[0, len(input_ids) :].tolist()
-        return Decoded(new, self._stats(len(input_ids), new, counter, calls, latency, mode))
+            sampling = self._sampling(new)
+            first = first_tokens(logits, sampling, torch.zeros_like(lengths)).tolist()
+            for row, is_fresh, token in zip(new, fresh, first, strict=True):
+                if is_fresh:
+                    row.stats.rounds += 1
+                    self._extend(row, [int(token)])
+            if self.proposer is not None:
+                self.proposer.admit(start, new, ids, lengths)
+        except BaseException:
+            del self.rows[start:]
+            self.waiting.extendleft(reversed(new))
+            raise
+        seconds = time.perf_counter() - started
+        self.stats.prefill(rows=len(new), tokens=int(lengths.sum()), seconds=seconds)
+        for row in new:
+            row.stats.latency_s += seconds / len(new)
+        return self._remove_finished()
 
-    def warm_up(self, input_ids: list[int]) -> None:
-        """Pay one-time costs (allocations, first-call paths) before anything is timed; γ is kept."""
-        draft_tokens = self.draft_tokens
-        for mode in {self.mode, NONE}:
-            self.generate(input_ids, DecodeOptions(max_new_tokens=4), mode=mode)
-        self.draft_tokens = draft_tokens
-
-    def _stats(
-        self,
-        prompt_tokens: int,
-        new: list[int],
-        counter: RoundCounter,
-        calls: _TargetCalls,
-        latency: float,
-        mode: str,
-    ) -> DecodeStats:
-        rounds = len(calls.input_lengths)
-        if mode == NONE:
-            proposed = accepted = 0
-        else:
-            # Round 1 feeds the prompt plus candidates; later rounds one fresh token plus candidates.
-            uncached = [prompt_tokens] + [1] * (rounds - 1)
-            proposed = sum(n - u for n, u in zip(calls.input_lengths, uncached, strict=True))
-            accepted = sum(size - 1 for size in counter.sizes)
-        finish = (
-            "stop" if new and self.eos_token_id is not None and new[-1] == self.eos_token_id else "length"
-        )
-        return DecodeStats(
-            prompt_tokens=prompt_tokens,
-            new_tokens=len(new),
-            target_rounds=rounds,
-            draft_proposed=proposed,
-            draft_accepted=accepted,
-            latency_s=latency,
-            finish_reason=finish,
+    # --- one round -------------------------------------------------------------------------------------
+    def _sampling(self, rows: list[Row]) -> RowSampling:
+        device = self.device
+        return RowSampling(
+            temperature=torch.tensor([row.request.temperature for row in rows], device=device),
+            top_p=torch.tensor([row.request.top_p for row in rows], device=device),
+            seeds=torch.tensor([row.request.seed for row in rows], dtype=torch.long, device=device),
+            all_greedy=all(row.request.greedy for row in rows),
         )
 
+    def _choose_k(self, room: list[int]) -> tuple[int, bool]:
+        """(k for this round, whether it is a plain probe round)."""
+        self._round += 1
+        if self.proposer is None or self.k_max == 0:
+            return 0, False
+        if self.probe_every and self._round % self.probe_every == 0:
+            return 0, True
+        if self.fixed_k is not None:
+            return self.fixed_k, False
+        estimates = acceptance_estimates(self.rows, self.stats)
+        self.k = choose_draft_length(self.costs, estimates, room, k_max=self.k_max, current=self.k)
+        if self.k == 0 and self._round % EXPLORE_EVERY == 0:
+            return 1, False
+        return self.k, False
 
-def cache_kwarg(model: PreTrainedModel) -> str:
-    """The forward's cache argument: ``cache`` in newer transformers (``past_key_values`` is
-    deprecated there), ``past_key_values`` in older ones; accept either."""
-    return _CACHE_KWARG.setdefault(
-        type(model), "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    )
+    @torch.inference_mode()
+    def _round_of_decoding(self) -> list[Finished]:
+        started = time.perf_counter()
+        rows, device = self.rows, self.device
+        b = len(rows)
+        caps = [row.remaining - 1 for row in rows]
+        caps = [
+            c if row.request.draft_limit is None else min(c, row.request.draft_limit)
+            for c, row in zip(caps, rows, strict=True)
+        ]
+        available = self.proposer.available(rows, self.k_max) if self.proposer is not None else [0] * b
+        k, probe = self._choose_k([min(a, c) for a, c in zip(available, caps, strict=True)])
+        old_lengths = [len(row.context) - 1 for row in rows]
+        lengths = torch.tensor(old_lengths, device=device)
+        pending = torch.tensor([row.tokens[-1] for row in rows], device=device)
+        positions = torch.tensor([len(row.tokens) for row in rows], device=device)
+        sampling = self._sampling(rows)
+        drafts, counts, probs = pending.new_zeros(b, 0), [0] * b, None
+        if k and self.proposer is not None:
+            view = BatchView(rows, lengths, pending, sampling, positions)
+            proposal = self.proposer.propose(view, k)
+            drafts, counts, probs = proposal.tokens, proposal.counts, proposal.probs
+        limits = [min(k, n, c) for n, c in zip(counts, caps, strict=True)]
+        inputs = torch.cat([pending[:, None], drafts], 1)  # (B, k+1)
+        logits = forward_rows(self.target, self.cache, (0, b), lengths, inputs)
+        verdict = verify_drafts(
+            logits, drafts, probs, torch.tensor(limits, device=device), sampling, positions
+        )
+        host = torch.cat(  # the round's one host sync
+            [
+                verdict.accepted[:, None],
+                verdict.next_tokens[:, None],
+                verdict.rejected[:, None].long(),
+                drafts,
+            ],
+            1,
+        ).tolist()
+        accepted = [line[0] for line in host]
+        if self.proposer is not None:
+            self.proposer.advance(rows, old_lengths, accepted, k)
+        seconds = time.perf_counter() - started
+        new_tokens = round_accepted = round_rejections = 0
+        for row, line, limit in zip(rows, host, limits, strict=True):
+            a, token, rejected, guesses = line[0], line[1], line[2], line[3:]
+            new = [*guesses[:a], token]
+            row.successes += a
+            row.failures += rejected
+            round_accepted += a
+            round_rejections += rejected
+            stats = row.stats
+            stats.rounds += 1
+            stats.proposed += limit
+            stats.rejections += rejected
+            stats.gamma_sum += k
+            stats.latency_s += seconds / b
+            gained = self._extend(row, new)
+            stats.accepted += max(0, gained - 1)
+            new_tokens += max(0, gained)
+        self.stats.round(
+            batch=b,
+            k=k,
+            probe=probe,
+            tokens=new_tokens,
+            seconds=seconds,
+            proposed=sum(limits),
+            accepted=round_accepted,
+            rejections=round_rejections,
+        )
+        if not probe:
+            self.costs.observe(b, k, seconds)
+        return self._remove_finished()
 
+    def _extend(self, row: Row, new: list[int]) -> int:
+        """Append ``new`` to the row, cut after an EOS id or where a stop sequence ends it; mark the
+        row finished then or once it has max_new_tokens. Returns how many tokens it gained."""
+        request, stats = row.request, row.stats
+        done = False
+        for i, token in enumerate(new):
+            if token in request.eos_ids:
+                new, done = new[: i + 1], True
+                break
+        before = len(row.tokens)
+        row.tokens.extend(new)
+        if request.stop is not None:
+            keep = request.stop(row.tokens)
+            if keep is not None:
+                del row.tokens[keep:]
+                done = True
+        stats.new_tokens = len(row.tokens)
+        if done:
+            stats.finish_reason = "stop"
+        row.finished = done or row.remaining <= 0
+        return len(row.tokens) - before
 
-_CACHE_KWARG: dict[type, str] = {}
+    def _remove_finished(self) -> list[Finished]:
+        """Take finished rows out, keeping slots dense: the last row moves into each freed slot."""
+        finished = []
+        slot = 0
+        while slot < len(self.rows):
+            row = self.rows[slot]
+            if not row.finished:
+                slot += 1
+                continue
+            row.stats.wall_s = time.perf_counter() - row.admitted
+            finished.append(Finished(key=row.request.key, token_ids=row.tokens, stats=row.stats))
+            last = len(self.rows) - 1
+            if slot != last:
+                moved = self.rows[last]
+                columns = len(moved.context)
+                self.cache.move(last, slot, columns)
+                if self.proposer is not None:
+                    self.proposer.move(last, slot, columns)
+                self.rows[slot] = moved
+            self.rows.pop()
+        return finished
+
+    def _halve_after_oom(self) -> None:
+        """Out of device memory: every row waits again (tokens kept, caches dropped), half the batch."""
+        if self.max_rows == 1:
+            raise torch.OutOfMemoryError("out of memory with a single row: the model does not fit")
+        self.max_rows = max(1, self.max_rows // 2)
+        self.waiting.extendleft(reversed(self.rows))
+        self.rows = []
+        self.cache.release()
+        if self.proposer is not None:
+            self.proposer.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.stats.oom_events += 1
+        log.warning(
+            "out of memory: batch halved to %d rows, %d rows resume", self.max_rows, len(self.waiting)
+        )

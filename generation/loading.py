@@ -1,6 +1,8 @@
 """Load models and tokenizers by hub id or local path, once per process, cached by name.
 
-Never ``trust_remote_code``: only architectures built into transformers are loaded.
+Never ``trust_remote_code``: only architectures built into transformers are loaded. The dtype is the
+device's: float32 on CPU, bfloat16 on a GPU that has it (else float16), unless asked; lossless means
+equal to plain decoding in the same dtype. Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
@@ -27,17 +29,44 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on CPU, bfloat16 on a GPU that supports it, else float16."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
 @lru_cache(maxsize=4)
-def load_model(name_or_path: str, device: str = "cpu") -> PreTrainedModel:
-    """A causal LM in eval mode, fp32 on CPU (bf16 would not be lossless against fp32 baselines)."""
-    log.info("loading model %s on %s", name_or_path, device)
+def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> PreTrainedModel:
+    """A causal LM in eval mode on ``device`` in ``dtype`` (see ``resolve_dtype``)."""
+    target = resolve_device(device)
+    log.info("loading model %s on %s", name_or_path, target)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=torch.float32, trust_remote_code=False
+            name_or_path, dtype=resolve_dtype(dtype, target), trust_remote_code=False
         )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {exc}") from exc
-    return model.to(resolve_device(device)).eval()
+    return model.to(target).eval()
+
+
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every id that ends a generation: the tokenizer's EOS and the generation config's (one or a list)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    config = getattr(model, "generation_config", None)
+    configured = getattr(config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, list | tuple):
+        ids.update(int(x) for x in configured)
+    return frozenset(ids)
 
 
 @lru_cache(maxsize=4)

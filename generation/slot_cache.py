@@ -1,76 +1,107 @@
-"""The slot cache of batched decoding: B slots of preallocated K/V, each row at its own length.
+"""The KV cache of a batch: preallocated slots, each row at its own length, dense from slot 0.
 
-Row i holds the K/V of all its tokens but the last in columns 0..lengths_i-1; a forward of q new
-tokens writes row i's K/V at columns lengths_i..lengths_i+q-1 (one indexed write per layer, no
-concatenation). See ``genjob.generation.batched`` for the layout's reasons. Token ids and tensors
-only: must not know the database, Celery or HTTP.
+Per layer, K and V live in buffers (slots, heads, capacity, head_dim). Row r holds the K/V of all
+its tokens but the last in columns 0..lengths_r-1; a forward of q new tokens writes row r's K/V at
+columns lengths_r..lengths_r+q-1 (one indexed write per layer, no concatenation) and reads columns
+0..width-1 of the rows in the forward (a view, no copy). Columns past a row's length are stale and
+masked. Rows are dense: a forward over rows [start, stop) slices the buffers, and a finished row's
+slot is filled by moving the last row into it (one slot copied, never the whole cache). Buffers grow
+(copied once) when more rows or columns are needed.
+
+We chose this over the two layouts that keep one common length (left padding re-aligned by
+shifting rows every round, or masked holes that pile up mid-sequence): nothing is copied per round,
+attention reads only up to the longest row, and rows join and leave at any round.
+Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 
-class _Cursor:
-    """Where the current forward writes: (B, q) row and column indices, and the columns it reads."""
+class Cursor:
+    """Where the current forward writes and reads: rows [start, stop), (rows, q) column indices, and
+    the number of columns attention reads."""
 
-    rows: torch.Tensor
-    columns: torch.Tensor
-    width: int
+    def __init__(self) -> None:
+        self.start = 0
+        self.stop = 0
+        self.columns = torch.zeros(0, 0, dtype=torch.long)
+        self.width = 0
 
 
-class _SlotLayer(DynamicLayer):
-    """One layer's K/V for every slot in buffers (B, heads, capacity, head_dim). ``update`` writes
-    the q new columns of row i at columns lengths_i .. lengths_i + q - 1 and returns the first
-    ``width`` columns (views, no copy); columns past a row's length are stale and masked."""
+class SlotLayer(DynamicLayer):
+    """One layer's K/V for every slot; ``update`` writes at the cursor and returns the rows' views."""
 
-    def __init__(self, cursor: _Cursor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, cursor: Cursor, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.cursor, self.keys, self.values = cursor, keys, values
         self.device, self.is_initialized = keys.device, True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        cursor = self.cursor  # key_states (B, heads, q, head_dim) -> (B, q, heads, head_dim) slots
-        self.keys.transpose(1, 2)[cursor.rows, cursor.columns] = key_states.transpose(1, 2)
-        self.values.transpose(1, 2)[cursor.rows, cursor.columns] = value_states.transpose(1, 2)
-        return self.keys[:, :, : cursor.width], self.values[:, :, : cursor.width]
+    def update(  # type: ignore[override]
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cursor  # key_states (rows, heads, q, head_dim)
+        rows = torch.arange(c.start, c.stop, device=key_states.device)[:, None].expand_as(c.columns)
+        self.keys.transpose(1, 2)[rows, c.columns] = key_states.transpose(1, 2)
+        self.values.transpose(1, 2)[rows, c.columns] = value_states.transpose(1, 2)
+        return self.keys[c.start : c.stop, :, : c.width], self.values[c.start : c.stop, :, : c.width]
 
-    def get_seq_length(self) -> int:
+    def get_seq_length(self, *args: Any, **kwargs: Any) -> int:
         return self.cursor.width
 
 
 class SlotCache(Cache):
-    """A transformers ``Cache`` of B slots; every forward appends at each row's own length."""
+    """A transformers ``Cache`` over slots; shapes come from a model's one-token probe forward."""
 
-    def __init__(self, template: DynamicCache, slots: int, capacity: int) -> None:
-        self.cursor = _Cursor()
+    def __init__(self, shapes: list[tuple[int, int]], *, dtype: torch.dtype, device: torch.device) -> None:
+        """``shapes``: (heads, head_dim) of each layer's keys (values have the same)."""
+        self.cursor = Cursor()
         layers = []
-        for layer in template.layers:  # (1, heads, L, head_dim) from a prefill
-            shape = (slots, layer.keys.shape[1], capacity, layer.keys.shape[3])
-            zeros = [layer.keys.new_zeros(shape), layer.values.new_zeros(shape)]  # zeros: finite
-            layers.append(_SlotLayer(self.cursor, *zeros))
+        for heads, head_dim in shapes:
+            empty = torch.zeros(0, heads, 0, head_dim, dtype=dtype, device=device)
+            layers.append(SlotLayer(self.cursor, empty, empty.clone()))
         super().__init__(layers=layers)
 
     @property
+    def slots(self) -> int:
+        return int(self.layers[0].keys.shape[0])
+
+    @property
     def capacity(self) -> int:
-        return self.layers[0].keys.shape[2]
+        return int(self.layers[0].keys.shape[2])
 
-    def place(self, slot: int, prefilled: DynamicCache) -> None:
-        """Copy a single prompt's prefill cache into columns 0..L-1 of ``slot``."""
-        for layer, source in zip(self.layers, prefilled.layers, strict=True):
-            length = source.keys.shape[2]
-            layer.keys[slot, :, :length] = source.keys[0]
-            layer.values[slot, :, :length] = source.values[0]
+    def bytes_per_token(self) -> int:
+        """K and V of one token in every layer."""
+        total = 0
+        for layer in self.layers:
+            keys = layer.keys
+            total += 2 * keys.shape[1] * keys.shape[3] * keys.element_size()
+        return int(total)
 
-    def resize(self, slots: torch.Tensor, capacity: int) -> None:
-        """Keep the slots ``slots`` (in that order; -1 = a new empty slot), with ``capacity`` columns."""
+    def reserve(self, slots: int, capacity: int) -> None:
+        """At least ``slots`` rows of ``capacity`` columns (existing rows copied over once)."""
+        if slots <= self.slots and capacity <= self.capacity:
+            return
+        slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
         for layer in self.layers:
             for name in ("keys", "values"):
                 old = getattr(layer, name)
-                new = old.new_zeros(len(slots), old.shape[1], capacity, old.shape[3])
-                kept = slots >= 0
-                width = min(capacity, old.shape[2])
-                new[kept, :, :width] = old[slots[kept], :, :width]
+                new = old.new_zeros(slots, old.shape[1], capacity, old.shape[3])  # zeros: finite
+                new[: old.shape[0], :, : old.shape[2]] = old
                 setattr(layer, name, new)
+
+    def move(self, source: int, target: int, columns: int) -> None:
+        """Copy the first ``columns`` columns of slot ``source`` into slot ``target``."""
+        for layer in self.layers:
+            layer.keys[target, :, :columns] = layer.keys[source, :, :columns]
+            layer.values[target, :, :columns] = layer.values[source, :, :columns]
+
+    def release(self) -> None:
+        """Drop the buffers (after an out-of-memory error, say); ``reserve`` allocates them again."""
+        for layer in self.layers:
+            layer.keys = layer.keys[:0, :, :0].clone()
+            layer.values = layer.values[:0, :, :0].clone()

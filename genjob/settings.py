@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -51,12 +51,6 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         default=512 << 20, ge=1024, description="Largest accepted prompt file (the API answers 413 above)."
     )
-    guard_min_items: int = Field(
-        default=2, ge=1, description="Sampled A/B items before the speedup guard may switch a job to plain."
-    )
-    guard_threshold: float = Field(
-        default=1.0, ge=0.0, description="Measured speedup under which the guard switches to plain decoding."
-    )
     batch_size: int | None = Field(
         default=None,
         ge=1,
@@ -88,6 +82,15 @@ class Settings(BaseSettings):
         description="How long a worker retries a database write after a dropped connection.",
     )
     device: str = Field(default="auto", description="torch device for workers: auto, cpu, cuda, cuda:1…")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Model weights' dtype in workers; auto: float32 on CPU, bfloat16 on GPU."
+    )
+    kv_cache_bytes: int | None = Field(
+        default=None,
+        ge=1 << 20,
+        description="Bound on a worker's K/V caches: fewer rows are batched when long rows need the room "
+        "(unset: only the batch size bounds them).",
+    )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
     # The HTTP API (``genjob api``).
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(

@@ -1,66 +1,81 @@
-"""Stats maths of a job: acceptance rate, α, expected (Leviathan et al.) and measured speedup.
+"""Stats maths of a job, from the sums stored on its row; every figure one a user can check.
 
-Pure functions of the job's stored sums. Must not know: the database session, torch, Celery.
+- acceptance rate = draft tokens accepted / proposed;
+- α, the per-token acceptance of Leviathan et al.'s formula = accepted / (accepted + rejections):
+  each round is a run of accepted drafts ended by one rejection (or by running out of drafts), so
+  this is the rate that explains the observed runs;
+- measured speedup = the job's tokens/s ÷ plain tokens/s at the same batch size on the same workers:
+  every ``1/F``-th round a worker decodes its whole batch plainly (a probe round); their seconds per
+  token, times every decoded token, estimate the decode time of a plain job; the rest of the
+  workers' time (prefill, bookkeeping) is the same either way. With a 95 % interval from the spread
+  of the probe rounds;
+- expected speedup: computed by the worker from α, the rounds at each draft length k and the costs it
+  measured at the job's mean batch size (``genjob.generation.costs.expected_speedup``), stored.
+Must not know: the database session, torch, Celery.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from genjob.tables import Job
+
+Z95 = 1.96
 
 
 @dataclass(frozen=True)
 class JobStats:
     acceptance_rate: float | None
+    alpha: float | None
     mean_accepted_per_round: float | None
     tokens_per_second: float | None
+    mean_batch_size: float | None
     measured_speedup: float | None
+    measured_speedup_low: float | None
+    measured_speedup_high: float | None
     expected_speedup: float | None
     lossless_rate: float | None
 
 
-def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """Leviathan et al. 2023, eq. 1: (1 − α^(γ+1)) / ((1 − α)(γc + 1)); the limit γ+1 at α = 1."""
-    if alpha >= 1.0:
-        return (gamma + 1) / (gamma * cost_ratio + 1)
-    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * cost_ratio + 1))
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
 
 
-def iid_acceptance(tokens_per_round: float, gamma: int) -> float:
-    """The per-token acceptance probability α of Leviathan et al.'s i.i.d. model that yields the
-    observed mean tokens per round: solve (1 − α^(γ+1)) / (1 − α) = tokens_per_round by bisection."""
-    if tokens_per_round >= gamma + 1:
-        return 1.0
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        if sum(mid**k for k in range(gamma + 1)) < tokens_per_round:
-            low = mid
-        else:
-            high = mid
-    return low
+def measured_speedup(job: Job, plain_per_token: float | None = None) -> float | None:
+    """(plain decode time estimate + the rest of the busy time) / busy time; None without probes."""
+    if plain_per_token is None:
+        plain_per_token = _ratio(job.probe_seconds, job.probe_tokens)
+    if plain_per_token is None or not job.busy_seconds or not job.decode_seconds:
+        return None
+    plain = job.busy_seconds - job.decode_seconds + job.decode_tokens * plain_per_token
+    return plain / job.busy_seconds
+
+
+def _interval(job: Job) -> tuple[float | None, float | None]:
+    """95 % interval of the measured speedup from the spread of the probe rounds' seconds per token."""
+    n = job.probe_rounds
+    mean = _ratio(job.probe_seconds, job.probe_tokens)
+    if n < 2 or mean is None:
+        return None, None
+    per_round_mean = job.probe_sq / n
+    spread = math.sqrt(max(per_round_mean - mean**2, 0.0) * n / (n - 1))
+    margin = Z95 * spread / math.sqrt(n)
+    return measured_speedup(job, max(mean - margin, 0.0)), measured_speedup(job, mean + margin)
 
 
 def job_stats(job: Job) -> JobStats:
-    """Aggregates of a job. The acceptance rate shown is accepted / proposed. The expected speedup
-    applies Leviathan et al.'s formula with γ = the mean tokens proposed per round (the heuristic
-    schedule varies it), the measured c, and the i.i.d. α that explains the observed tokens per round
-    (accepted / proposed understates it when γ runs long)."""
-    alpha = job.draft_accepted / job.draft_proposed if job.draft_proposed else None
-    expected = None
-    if alpha is not None and job.target_rounds and job.cost_ratio is not None:
-        gamma = max(1, round(job.draft_proposed / job.target_rounds))
-        tokens_per_round = (job.target_rounds + job.draft_accepted) / job.target_rounds
-        expected = expected_speedup(iid_acceptance(tokens_per_round, gamma), gamma, job.cost_ratio)
+    low, high = _interval(job)
     greedy = not (job.spec or {}).get("temperature")
     return JobStats(
-        acceptance_rate=alpha,
-        mean_accepted_per_round=job.draft_accepted / job.target_rounds if job.target_rounds else None,
-        tokens_per_second=job.new_tokens / job.generate_seconds if job.generate_seconds else None,
-        measured_speedup=(
-            job.baseline_seconds / job.baseline_assisted_seconds if job.baseline_assisted_seconds else None
-        ),
-        expected_speedup=expected,
-        lossless_rate=job.baseline_matches / job.baseline_items if job.baseline_items and greedy else None,
+        acceptance_rate=_ratio(job.draft_accepted, job.draft_proposed),
+        alpha=_ratio(job.draft_accepted, job.draft_accepted + job.draft_rejections),
+        mean_accepted_per_round=_ratio(job.draft_accepted, job.target_rounds),
+        tokens_per_second=_ratio(job.new_tokens, job.generate_seconds),
+        mean_batch_size=_ratio(job.decode_rows, job.decode_rounds),
+        measured_speedup=measured_speedup(job),
+        measured_speedup_low=low,
+        measured_speedup_high=high,
+        expected_speedup=job.expected_speedup,
+        lossless_rate=_ratio(job.lossless_matches, job.lossless_checked) if greedy else None,
     )

@@ -68,15 +68,30 @@ class Job(Base):
     draft_proposed: Mapped[int] = mapped_column(BigInteger, default=0)
     draft_accepted: Mapped[int] = mapped_column(BigInteger, default=0)
     generate_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    # The A/B against plain decoding on a sample of items (issue 3).
-    baseline_items: Mapped[int] = mapped_column(Integer, default=0)
-    baseline_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    baseline_assisted_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    baseline_matches: Mapped[int] = mapped_column(Integer, default=0)
-    cost_ratio: Mapped[float | None] = mapped_column(Float, doc="c = draft forward / target forward.")
+    draft_rejections: Mapped[int] = mapped_column(
+        BigInteger,
+        default=0,
+        doc="Rounds whose first refused draft was tested: α = accepted / (accepted + this).",
+    )
+    # What the workers' engines measured (sums over chunks): the rounds they ran, the plain probe
+    # rounds among them (decoded without drafts, same batch: the measured speedup), the prefills.
+    decode_rounds: Mapped[int] = mapped_column(BigInteger, default=0)
+    decode_rows: Mapped[int] = mapped_column(BigInteger, default=0, doc="Σ batch size over rounds.")
+    decode_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    decode_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    probe_rounds: Mapped[int] = mapped_column(BigInteger, default=0)
+    probe_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    probe_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    probe_sq: Mapped[float] = mapped_column(Float, default=0.0, doc="Σ (probe round seconds per token)².")
+    prefill_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    busy_seconds: Mapped[float] = mapped_column(Float, default=0.0, doc="Σ worker time on the job's chunks.")
+    gamma_hist: Mapped[dict[str, int] | None] = mapped_column(JSON, doc="Rounds by draft length k.")
+    costs: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="Forward costs measured on a worker.")
+    expected_speedup: Mapped[float | None] = mapped_column(Float)
+    lossless_checked: Mapped[int] = mapped_column(Integer, default=0, doc="Items also decoded plainly.")
+    lossless_matches: Mapped[int] = mapped_column(Integer, default=0)
+    cost_ratio: Mapped[float | None] = mapped_column(Float, doc="c = draft step / target step, mean batch.")
     draft_tokens: Mapped[int | None] = mapped_column(Integer, doc="γ: draft length last used.")
-    guard_tripped: Mapped[bool] = mapped_column(Boolean, default=False)
-    guard_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Item(Base):
@@ -126,9 +141,12 @@ class Result(Base):
     target_rounds: Mapped[int] = mapped_column(Integer, doc="Target forward passes (verification rounds).")
     draft_proposed: Mapped[int] = mapped_column(Integer)
     draft_accepted: Mapped[int] = mapped_column(Integer)
+    draft_rejections: Mapped[int] = mapped_column(Integer, default=0)
+    gamma_mean: Mapped[float | None] = mapped_column(Float, doc="Mean draft length of its rounds.")
     latency_s: Mapped[float] = mapped_column(Float)
-    baseline_latency_s: Mapped[float | None] = mapped_column(Float, doc="Plain decoding, sampled items.")
-    baseline_match: Mapped[bool | None] = mapped_column(Boolean, doc="Assisted output == plain output.")
+    lossless_match: Mapped[bool | None] = mapped_column(
+        Boolean, doc="Sampled greedy items: output == the same item decoded without drafts."
+    )
     worker: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -1,30 +1,40 @@
 """A job's runner in a worker process: its models, tokenizer and engine, built once per job and cached.
 
-Encodes prompts (checking the model's context), decodes one item (with its plain baseline on the
-sampled items of the A/B) and shapes the result row. Must not know: Celery, the SQL of the store.
+Turns the job's options into the engine's (proposer, γ bounds, probe rounds, batch size) and an item
+into a ``Request`` (encoding the prompt and checking the model's context). The costs of the device
+are measured once per model pair and batch size in this process. Must not know: Celery, the store's SQL.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from threading import Lock
 from typing import Any
 
-from genjob.constants import DecodingMode
-from genjob.generation.costs import cost_ratio
-from genjob.generation.engine import Decoded, DecodeOptions, Engine
-from genjob.generation.loading import check_same_vocabulary, load_model, load_tokenizer
+from transformers import PreTrainedTokenizerBase
+
+from genjob.constants import DecodingMode, DraftSchedule
+from genjob.generation.costs import CostModel
+from genjob.generation.draft_model import DraftModel
+from genjob.generation.engine import Engine
+from genjob.generation.forward import max_positions
+from genjob.generation.loading import check_same_vocabulary, eos_ids, load_model, load_tokenizer
+from genjob.generation.proposers import PromptLookup, Proposer
+from genjob.generation.requests import Request
 from genjob.options import JobSpec
+from genjob.settings import Settings
 from genjob.tables import Item
 
 log = logging.getLogger(__name__)
 
-
-MAX_CACHED_ENGINES = 16
-WARM_UP_PROMPT = "def main():\n    "
+MAX_CACHED_RUNNERS = 16
+LARGEST_PROBED_BATCH = 64
+CHUNK_PER_BATCH = 4  # default items per task message: four batches, so a chunk's tail is short
 
 
 class PromptTooLong(ValueError):
@@ -35,119 +45,110 @@ class PromptTooLong(ValueError):
 PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
 
 
+@lru_cache(maxsize=8)
+def measured_costs(
+    target: str, draft: str | None, device: str, dtype: str, batch: int, k_max: int
+) -> CostModel:
+    """The device's costs for this pair, measured once per process (a few forwards per grid point)."""
+    draft_model = load_model(draft, device, dtype) if draft is not None else None
+    return CostModel.measure(
+        load_model(target, device, dtype), draft_model, max_batch=batch, max_query=k_max + 1
+    )
+
+
+def suggested_batch_size(costs: CostModel) -> int:
+    """The largest measured B whose plain decoding still gets ≥ 1.25× the tokens/s of B/2."""
+    best = costs.batch_sizes[0]
+    for smaller, larger in zip(costs.batch_sizes, costs.batch_sizes[1:], strict=False):
+        gain = (larger / costs.verify_seconds(larger, 1)) / (smaller / costs.verify_seconds(smaller, 1))
+        if gain < 1.25 * (larger / smaller) / 2:
+            break
+        best = larger
+    return best
+
+
+def batch_size_for(spec: JobSpec, settings: Settings) -> int | None:
+    """The job's --batch-size, else GENJOB_BATCH_SIZE; None: the device decides (``suggested_batch_size``)."""
+    return spec.batch_size or settings.batch_size
+
+
 @dataclass
 class JobRunner:
-    """A job's tokenizer and engine; the engine keeps the job's learned draft length across chunks."""
+    """A job's tokenizer and engine; the engine keeps the job's acceptance estimates and γ across chunks."""
 
     spec: JobSpec
     engine: Engine
-    tokenizer: object
-    max_positions: int | None
-    cost_ratio: float | None
+    tokenizer: PreTrainedTokenizerBase
+    eos_ids: frozenset[int]
+    context: int | None
+    batch_size: int  # rows per batch on this worker (halved for good after an out-of-memory error)
 
     @classmethod
-    def build(cls, spec: JobSpec, *, device: str, draft_tokens: int | None = None) -> JobRunner:
-        target = load_model(spec.model, device)
-        assistant = None
+    def build(cls, spec: JobSpec, *, settings: Settings) -> JobRunner:
+        """Load the job's models (cached by name) and make its engine."""
+        device, dtype = settings.device, settings.dtype
+        target = load_model(spec.model, device, dtype)
+        proposer: Proposer | None = None
+        draft = None
         if spec.mode is DecodingMode.DRAFT:
             assert spec.assistant is not None
             check_same_vocabulary(spec.model, spec.assistant)
-            assistant = load_model(spec.assistant, device)
-        tokenizer = load_tokenizer(spec.model)
+            draft = spec.assistant
+            proposer = DraftModel(load_model(draft, device, dtype))
+        elif spec.mode is DecodingMode.PROMPT_LOOKUP:
+            proposer = PromptLookup(max_ngram=3)
+        k_max = spec.draft_tokens if proposer is not None else 0
+        batch = batch_size_for(spec, settings)
+        if batch is None:
+            probe = measured_costs(spec.model, draft, device, dtype, LARGEST_PROBED_BATCH, k_max)
+            batch = suggested_batch_size(probe)
+        probe_every = (
+            round(1 / spec.baseline_fraction) if proposer is not None and spec.baseline_fraction else 0
+        )
         engine = Engine(
             target,
-            assistant=assistant,
-            mode=spec.mode,
-            draft_tokens=draft_tokens or spec.draft_tokens,
-            schedule=spec.schedule,
-            prompt_lookup_tokens=spec.prompt_lookup_tokens,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
+            proposer,
+            max_rows=batch,
+            k_max=k_max,
+            fixed_k=spec.draft_tokens if spec.schedule is DraftSchedule.CONSTANT and proposer else None,
+            costs=measured_costs(spec.model, draft, device, dtype, batch, k_max),
+            probe_every=probe_every,
+            kv_budget_bytes=settings.kv_cache_bytes,
         )
-        config = target.config
-        positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-        warm_up_ids = tokenizer(WARM_UP_PROMPT)["input_ids"]
-        engine.warm_up(warm_up_ids)
-        ratio = {DecodingMode.DRAFT: None, DecodingMode.PROMPT_LOOKUP: 0.0, DecodingMode.NONE: None}[
-            spec.mode
-        ]
-        if assistant is not None:
-            ratio = cost_ratio(target, assistant, warm_up_ids)
-        return cls(spec=spec, engine=engine, tokenizer=tokenizer, max_positions=positions, cost_ratio=ratio)
+        tokenizer = load_tokenizer(spec.model)
+        return cls(spec, engine, tokenizer, eos_ids(target, tokenizer), max_positions(target), batch)
 
-    def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
-        ids = self.tokenizer(prompt)["input_ids"]
-        if self.max_positions is not None and len(ids) + max_new_tokens > self.max_positions:
+    def request(self, item: Item, *, key: int | None = None, plain: bool = False) -> Request:
+        """The item as the engine's request; ``plain``: a twin decoded without drafts (the lossless check)."""
+        spec = self.spec
+        max_new_tokens = item.max_new_tokens or spec.max_new_tokens
+        ids = self.tokenizer(item.prompt)["input_ids"]
+        if self.context is not None and len(ids) + max_new_tokens > self.context:
             raise PromptTooLong(
                 f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                f"context of {self.max_positions} tokens"
+                f"context of {self.context} tokens"
             )
-        return ids
-
-    def options(self, item: Item) -> DecodeOptions:
-        return DecodeOptions(
-            max_new_tokens=item.max_new_tokens or self.spec.max_new_tokens,
-            temperature=self.spec.temperature,
-            top_p=self.spec.top_p,
-            seed=None if self.spec.seed is None else self.spec.seed + item.seq,
+        seed = (spec.seed if spec.seed is not None else zlib.crc32(item.job_id.encode())) + item.seq
+        return Request(
+            key=item.id if key is None else key,
+            input_ids=ids,
+            max_new_tokens=max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seed=seed,
+            eos_ids=self.eos_ids,
+            draft_limit=0 if plain else None,
         )
 
-    def is_baseline_sample(self, seq: int) -> bool:
-        if self.spec.mode is DecodingMode.NONE or self.spec.baseline_fraction <= 0:
+    def is_lossless_sample(self, seq: int) -> bool:
+        """Greedy speculative jobs decode every 1/F-th item (the first always) again without drafts."""
+        spec = self.spec
+        if spec.mode is DecodingMode.NONE or spec.do_sample or spec.baseline_fraction <= 0:
             return False
-        return seq % max(1, round(1 / self.spec.baseline_fraction)) == 0
+        return seq % max(1, round(1 / spec.baseline_fraction)) == 0
 
-    def decode(self, item: Item, *, plain_only: bool = False) -> ItemOutput:
-        """Decode one item; on sampled items also run the plain baseline for the A/B."""
-        options = self.options(item)
-        ids = self.encode(item.prompt, options.max_new_tokens)
-        mode = DecodingMode.NONE if plain_only else self.spec.mode
-        decoded = self.engine.generate(ids, options, mode=mode)
-        baseline = None
-        if not plain_only and self.is_baseline_sample(item.seq):
-            baseline = self.engine.generate(ids, options, mode=DecodingMode.NONE)
-        if baseline is not None and not self.spec.do_sample and baseline.token_ids != decoded.token_ids:
-            log.warning(
-                "item %s: assisted output differs from plain greedy: %s vs %s",
-                item.seq,
-                decoded.token_ids,
-                baseline.token_ids,
-            )
-        text = self.tokenizer.decode(decoded.token_ids, skip_special_tokens=True)
-        return ItemOutput(
-            decoded=decoded, text=text, mode=mode, baseline=baseline, greedy=not self.spec.do_sample
-        )
-
-
-@dataclass
-class ItemOutput:
-    decoded: Decoded
-    text: str
-    mode: DecodingMode
-    baseline: Decoded | None
-    greedy: bool
-
-    def result_row(self, worker: str) -> dict:
-        stats = self.decoded.stats
-        row = {
-            "output": self.text,
-            "finish_reason": stats.finish_reason,
-            "mode": self.mode.value,
-            "prompt_tokens": stats.prompt_tokens,
-            "new_tokens": stats.new_tokens,
-            "target_rounds": stats.target_rounds,
-            "draft_proposed": stats.draft_proposed,
-            "draft_accepted": stats.draft_accepted,
-            "latency_s": stats.latency_s,
-            "baseline_latency_s": None,
-            "baseline_match": None,
-            "worker": worker,
-        }
-        if self.baseline is not None:
-            row["baseline_latency_s"] = self.baseline.stats.latency_s
-            if self.greedy:
-                row["baseline_match"] = self.baseline.token_ids == self.decoded.token_ids
-        return row
+    def text(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
 
 
 class RunnerCache:
@@ -156,24 +157,17 @@ class RunnerCache:
     ``build`` makes a job's runner: ``JobRunner.build`` in production; tests swap in a stand-in
     (a fixture in-process; ``tests/doubles/scripted_worker.py`` in a test worker process)."""
 
-    def __init__(self, build: Callable[..., Any], size: int = MAX_CACHED_ENGINES) -> None:
+    def __init__(self, build: Callable[..., Any], size: int = MAX_CACHED_RUNNERS) -> None:
         self.build = build
         self._runners: OrderedDict[str, Any] = OrderedDict()
         self._size = size
         self._lock = Lock()
 
-    def get(
-        self,
-        job_id: str,
-        spec: JobSpec,
-        *,
-        device: str,
-        draft_tokens: int | None,
-    ) -> JobRunner:
+    def get(self, job_id: str, spec: JobSpec, *, settings: Settings) -> JobRunner:
         with self._lock:
             runner = self._runners.get(job_id)
             if runner is None:
-                runner = self.build(spec, device=device, draft_tokens=draft_tokens)
+                runner = self.build(spec, settings=settings)
                 self._runners[job_id] = runner
                 while len(self._runners) > self._size:
                     self._runners.popitem(last=False)

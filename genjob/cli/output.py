@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from genjob.stats import job_stats
+from genjob.stats import JobStats, job_stats
 from genjob.tables import Job
 
 
@@ -36,27 +36,56 @@ def job_summary_lines(job: Job) -> list[str]:
     return lines
 
 
+def _gamma_histogram(job: Job) -> str:
+    hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
+    total = sum(hist.values())
+    if not total:
+        return "-"
+    return "  ".join(f"{k}:{n / total:.0%}" for k, n in sorted(hist.items()))
+
+
+def _measured(job: Job, stats: JobStats) -> str:
+    text = fmt_float(stats.measured_speedup, "{:.2f}x")
+    if stats.measured_speedup is None:
+        return text
+    if stats.measured_speedup_low is not None and stats.measured_speedup_high is not None:
+        text += f" (95% {stats.measured_speedup_low:.2f}-{stats.measured_speedup_high:.2f})"
+    return text + f"  vs plain at the same batch size: {job.probe_rounds} plain probe rounds"
+
+
+def _costs(job: Job) -> str:
+    at = (job.costs or {}).get("at_batch")
+    if not at:
+        return "-"
+    verify = ", ".join(f"k={k} {ms:.2f}" for k, ms in at["verify_ms"].items())
+    return (
+        f"plain step {at['plain_ms']:.2f} ms, draft step {at['draft_step_ms']:.2f} ms, "
+        f"verify k+1 tokens: {verify} ms (batch {at['batch']})"
+    )
+
+
 def job_stats_lines(job: Job) -> list[str]:
     stats = job_stats(job)
-    lines = [
+    return [
         f"job:                     {job.id}  ({job.status}, {job.done}/{job.total} done)",
         f"mode:                    {job.mode}",
         f"new tokens:              {job.new_tokens}",
         f"target rounds:           {job.target_rounds}",
-        f"draft proposed/accepted: {job.draft_proposed}/{job.draft_accepted}",
-        f"acceptance rate α:       {fmt_float(stats.acceptance_rate)}",
+        f"draft proposed/accepted: {job.draft_proposed}/{job.draft_accepted}"
+        f"  ({job.draft_rejections} rejections)",
+        f"acceptance rate:         {fmt_float(stats.acceptance_rate)}  (accepted / proposed)",
+        f"per-token α:             {fmt_float(stats.alpha)}  (accepted / (accepted + rejections))",
         f"mean accepted per round: {fmt_float(stats.mean_accepted_per_round, '{:.2f}')}",
+        f"draft length γ:          {_gamma_histogram(job)}",
+        f"mean batch size:         {fmt_float(stats.mean_batch_size, '{:.1f}')}",
         f"tokens/s:                {fmt_float(stats.tokens_per_second, '{:.1f}')}",
-        f"draft length γ:          {job.draft_tokens if job.draft_tokens is not None else '-'}",
+        f"costs:                   {_costs(job)}",
         f"cost ratio c:            {fmt_float(job.cost_ratio)}",
         f"expected speedup:        {fmt_float(stats.expected_speedup, '{:.2f}x')}",
-        f"measured speedup:        {fmt_float(stats.measured_speedup, '{:.2f}x')}"
-        + (f"  (A/B on {job.baseline_items} items)" if job.baseline_items else ""),
-        f"lossless rate:           {fmt_float(stats.lossless_rate, '{:.1%}')}",
+        f"measured speedup:        {_measured(job, stats)}",
+        f"lossless rate:           {fmt_float(stats.lossless_rate, '{:.1%}')}"
+        + (f"  ({job.lossless_matches}/{job.lossless_checked} items)" if job.lossless_checked else ""),
     ]
-    if job.guard_tripped:
-        lines.append(f"speedup guard:           tripped: {job.guard_reason}")
-    return lines
 
 
 def job_row(job: Job) -> str:

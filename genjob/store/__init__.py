@@ -4,14 +4,13 @@ item). Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
 from genjob.store.items import (
     Refused,
-    check_speedup_guard,
     claim_item,
     fail_item,
     finish_item,
-    record_cost_ratio,
     release_for_retry,
 )
 from genjob.store.jobs import (
+    ChunkMeasurements,
     JobNotFound,
     batched,
     cancel_job,
@@ -26,15 +25,16 @@ from genjob.store.jobs import (
     mark_job_running,
     new_job_id,
     pending_item_chunks,
+    record_chunk,
     retry_failed_items,
 )
 
 __all__ = [
+    "ChunkMeasurements",
     "JobNotFound",
     "Refused",
     "batched",
     "cancel_job",
-    "check_speedup_guard",
     "claim_item",
     "create_job",
     "expire_due_jobs",
@@ -49,7 +49,7 @@ __all__ = [
     "mark_job_running",
     "new_job_id",
     "pending_item_chunks",
-    "record_cost_ratio",
+    "record_chunk",
     "release_for_retry",
     "retry_failed_items",
 ]

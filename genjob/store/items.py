@@ -1,4 +1,4 @@
-"""Item transitions: claim, finish, fail, release for retry; the speedup guard and the cost ratio.
+"""Item transitions: claim, finish (with the result and the job's sums), fail, release for retry.
 
 An item moves to a final status at most once (a conditional UPDATE fenced by ``attempts``, the
 attempt counter: only the attempt that claimed the item last may finish it), and only that
@@ -142,46 +142,15 @@ def finish_item(session: Session, *, item: Item, attempt_id: int, result: dict[s
         "target_rounds": Job.target_rounds + result["target_rounds"],
         "draft_proposed": Job.draft_proposed + result["draft_proposed"],
         "draft_accepted": Job.draft_accepted + result["draft_accepted"],
+        "draft_rejections": Job.draft_rejections + result["draft_rejections"],
         "generate_seconds": Job.generate_seconds + result["latency_s"],
     }
-    if result.get("baseline_latency_s") is not None:
+    if result.get("lossless_match") is not None:
         sums |= {
-            "baseline_items": Job.baseline_items + 1,
-            "baseline_seconds": Job.baseline_seconds + result["baseline_latency_s"],
-            "baseline_assisted_seconds": Job.baseline_assisted_seconds + result["latency_s"],
-            "baseline_matches": Job.baseline_matches + int(bool(result.get("baseline_match"))),
+            "lossless_checked": Job.lossless_checked + 1,
+            "lossless_matches": Job.lossless_matches + int(bool(result["lossless_match"])),
         }
     session.execute(update(Job).where(Job.id == item.job_id).values(**sums))
-    return True
-
-
-def record_cost_ratio(session: Session, *, job_id: str, cost_ratio: float | None) -> None:
-    """Keep the first measured c = draft forward / target forward on the job."""
-    if cost_ratio is not None:
-        session.execute(
-            update(Job).where(Job.id == job_id, Job.cost_ratio.is_(None)).values(cost_ratio=cost_ratio)
-        )
-
-
-def check_speedup_guard(session: Session, *, job_id: str, min_items: int, threshold: float) -> bool:
-    """Switch the rest of the job to plain decoding if the A/B so far shows no speedup."""
-    job = session.get(Job, job_id, populate_existing=True)
-    if (
-        job is None
-        or job.guard_tripped
-        or job.baseline_items < min_items
-        or not job.baseline_assisted_seconds
-    ):
-        return False
-    speedup = job.baseline_seconds / job.baseline_assisted_seconds
-    if speedup >= threshold:
-        return False
-    job.guard_tripped = True
-    job.guard_reason = (
-        f"measured speedup {speedup:.2f}x < {threshold:.2f}x on the first {job.baseline_items} sampled items "
-        f"(assisted {job.baseline_assisted_seconds:.3f} s vs plain {job.baseline_seconds:.3f} s): "
-        "the remaining items use plain decoding"
-    )
     return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 from typing import Any
@@ -300,3 +301,50 @@ def iter_results(session: Session, *, job_id: str) -> Iterator[tuple[Item, Resul
     )
     for row in session.execute(query):
         yield row.tuple()
+
+
+@dataclass(frozen=True)
+class ChunkMeasurements:
+    """What a worker's engine measured while running one chunk (sums), added to the job's."""
+
+    busy_seconds: float
+    decode_rounds: int
+    decode_rows: int
+    decode_tokens: int
+    decode_seconds: float
+    probe_rounds: int
+    probe_tokens: int
+    probe_seconds: float
+    probe_sq: float
+    prefill_seconds: float
+    gamma_hist: dict[int, int]
+    draft_tokens: int | None  # the draft length the engine ended the chunk with
+
+
+def record_chunk(session: Session, *, job_id: str, measured: ChunkMeasurements) -> Job | None:
+    """Add a chunk's measurements to the job (its row locked, so concurrent chunks add up). Returns the
+    job (for the caller to derive the expected speedup and costs from the new sums)."""
+    job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
+    if job is None:
+        return None
+    for name in (
+        "busy_seconds",
+        "decode_rounds",
+        "decode_rows",
+        "decode_tokens",
+        "decode_seconds",
+        "probe_rounds",
+        "probe_tokens",
+        "probe_seconds",
+        "probe_sq",
+        "prefill_seconds",
+    ):
+        setattr(job, name, getattr(job, name) + getattr(measured, name))
+    hist = dict(job.gamma_hist or {})
+    for k, rounds in measured.gamma_hist.items():
+        hist[str(k)] = hist.get(str(k), 0) + rounds
+    job.gamma_hist = hist
+    if measured.draft_tokens is not None:
+        job.draft_tokens = measured.draft_tokens
+    session.flush()
+    return job

@@ -1,14 +1,15 @@
 """A stand-in for the models (``RUNNERS.build = scripted_runner``, see scripted_worker.py): the rest is real.
 
-Its "generation" echoes the prompt and obeys directives written in it, so one worker serves many
-tests and each item decides its own behaviour:
+Its "engine" echoes the prompt and obeys directives written in it, so one worker serves many tests
+and each item decides its own behaviour:
 
   ``sleep=0.4``          take 0.4 s (a slow item, so kills and cancels land mid-chunk)
   ``poison``             always raise
   ``poison-while=PATH``  raise while the file PATH exists (then a retry succeeds)
   ``pid-file=PATH``      write this process's pid to PATH before working (to kill it there)
 
-With no directive an item takes no time at all (the no-op engine of the large-job benchmark).
+With no directive an item takes no time at all (the no-op engine of the pipeline benchmarks).
+It runs one row a step, through the same item loop as the real engine.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from genjob.constants import DecodingMode
-from genjob.generation.engine import Decoded, DecodeStats
+from genjob.generation.engine_stats import EngineStats
+from genjob.generation.requests import Finished, Request, RowStats
 from genjob.options import JobSpec
+from genjob.settings import Settings
 from genjob.tables import Item
-from genjob.worker.runners import ItemOutput
 
 DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file)=(\S+)|\b(poison)\b")
 
@@ -33,37 +35,69 @@ class PoisonError(RuntimeError):
 
 
 @dataclass
-class _EngineState:
-    draft_tokens: int
+class ScriptedEngine:
+    """The interface of genjob.generation.engine.Engine that the item loop uses."""
 
+    max_rows: int = 1
+    prompts: dict[int, str] = field(default_factory=dict)
+    seqs: dict[int, int] = field(default_factory=dict)
+    queue: deque[Request] = field(default_factory=deque)
+    stats: EngineStats = field(default_factory=EngineStats)
+    k: int = 0
+    proposer: None = None
 
-@dataclass
-class ScriptedRunner:
-    """The interface of genjob.worker.chunks.JobRunner that process_chunk uses."""
+    @property
+    def busy(self) -> int:
+        return len(self.queue)
 
-    spec: JobSpec
-    engine: _EngineState
-    cost_ratio: float | None = None
+    @property
+    def free_rows(self) -> int:
+        return max(0, self.max_rows - self.busy)
 
-    def decode(self, item: Item, *, plain_only: bool = False) -> ItemOutput:
+    def add(self, requests: list[Request]) -> None:
+        self.queue.extend(requests)
+
+    def abandon(self) -> list[int]:
+        keys = [request.key for request in self.queue]
+        self.queue.clear()
+        return keys
+
+    def step(self) -> list[Finished]:
+        request = self.queue[0]
         started = time.perf_counter()
-        for key, value, poison in DIRECTIVE.findall(item.prompt):
+        prompt = self.prompts[abs(request.key)]
+        for key, value, poison in DIRECTIVE.findall(prompt):
             if poison or (key == "poison-while" and Path(value).exists()):
-                raise PoisonError(f"poisoned item {item.seq}")
+                raise PoisonError(f"poisoned item {self.seqs[abs(request.key)]}")
             if key == "pid-file":
                 Path(value).write_text(str(os.getpid()))
             if key == "sleep":
                 time.sleep(float(value))
-        stats = DecodeStats(
-            prompt_tokens=len(item.prompt.split()),
-            new_tokens=1,
-            target_rounds=1,
-            latency_s=time.perf_counter() - started,
-        )
-        mode = DecodingMode.NONE if plain_only else self.spec.mode
-        decoded = Decoded(token_ids=[0], stats=stats)
-        return ItemOutput(decoded=decoded, text=f"echo: {item.prompt}", mode=mode, baseline=None, greedy=True)
+        self.queue.popleft()
+        stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, rounds=1)
+        stats.latency_s = time.perf_counter() - started
+        return [Finished(key=request.key, token_ids=[abs(request.key)], stats=stats)]  # "token": the item
 
 
-def scripted_runner(spec: JobSpec, *, device: str, draft_tokens: int | None = None) -> ScriptedRunner:
-    return ScriptedRunner(spec=spec, engine=_EngineState(draft_tokens=draft_tokens or spec.draft_tokens))
+@dataclass
+class ScriptedRunner:
+    """The interface of genjob.worker.runners.JobRunner that the item loop uses."""
+
+    spec: JobSpec
+    engine: ScriptedEngine
+    batch_size: int = 1
+
+    def request(self, item: Item, *, key: int | None = None, plain: bool = False) -> Request:
+        self.engine.prompts[item.id] = item.prompt
+        self.engine.seqs[item.id] = item.seq
+        return Request(key=item.id if key is None else key, input_ids=[0], max_new_tokens=1)
+
+    def is_lossless_sample(self, seq: int) -> bool:
+        return False
+
+    def text(self, tokens: list[int]) -> str:
+        return f"echo: {self.engine.prompts[tokens[0]]}"
+
+
+def scripted_runner(spec: JobSpec, *, settings: Settings) -> ScriptedRunner:
+    return ScriptedRunner(spec=spec, engine=ScriptedEngine(max_rows=settings.batch_size or 1))

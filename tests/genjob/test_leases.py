@@ -29,6 +29,7 @@ RESULT = {
     "target_rounds": 1,
     "draft_proposed": 0,
     "draft_accepted": 0,
+    "draft_rejections": 0,
     "latency_s": 0.1,
     "worker": "w",
 }

@@ -1,0 +1,101 @@
+"""One batched forward of a causal LM over rows of a ``SlotCache``, each row at its own length.
+
+Row r's q new tokens sit at positions lengths_r + 0..q-1 (explicit ``position_ids``) and see, through
+a 4-D mask (rows, 1, q, width) built here, its own first lengths_r cached columns and, causally, the
+new ones; transformers never guesses positions from padding. Rows of a prefill are right-padded:
+a padded query sees only real columns and its output is never used.
+Must not know: the database, Celery, HTTP, the core.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from genjob.generation.slot_cache import SlotCache
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The forward's cache argument: ``cache`` in newer transformers (``past_key_values`` is
+    deprecated there), ``past_key_values`` in older ones; accept either."""
+    return _CACHE_KWARG.setdefault(
+        type(model), "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
+
+
+def max_positions(model: PreTrainedModel) -> int | None:
+    """The model's context length (learned position table size), if it declares one."""
+    config = model.config
+    value = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def cache_shapes(model: PreTrainedModel) -> list[tuple[int, int]]:
+    """(heads, head_dim) of each layer's K/V, from a one-token forward into a fresh DynamicCache."""
+    cache = DynamicCache(config=model.config)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        raise NotImplementedError("batched decoding supports full-attention (DynamicLayer) caches only")
+    return [(int(layer.keys.shape[1]), int(layer.keys.shape[3])) for layer in cache.layers]
+
+
+def _attention_mask(model: PreTrainedModel, allowed: torch.Tensor) -> torch.Tensor:
+    """The boolean (rows, 1, q, width) mask as this model's attention wants it."""
+    implementation = model.config._attn_implementation
+    if implementation == "sdpa":
+        return allowed
+    if implementation == "eager":  # additive
+        zero = torch.zeros((), dtype=model.dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.finfo(model.dtype).min)
+    raise NotImplementedError(f"batched decoding supports eager and sdpa attention, not {implementation!r}")
+
+
+def forward_rows(
+    model: PreTrainedModel,
+    cache: SlotCache,
+    rows: tuple[int, int],
+    lengths: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    last: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Forward (rows, q) new tokens of slots [start, stop) at positions lengths_r + 0..q-1.
+
+    Returns logits (rows, q, V), or, with ``last`` (rows,) the index of each row's last real token,
+    only those logits (rows, V) (a prefill: the head runs on one position per row).
+    Tokens past a row's end (drafts it can never accept, padding) may index past a learned position
+    table; they are never kept and only later padding sees them, so their positions are clamped."""
+    n, q = input_ids.shape
+    steps = torch.arange(q, device=input_ids.device)
+    positions = lengths[:, None] + steps  # (rows, q)
+    width = int(lengths.max()) + q
+    cursor = cache.cursor
+    cursor.start, cursor.stop = rows
+    cursor.columns, cursor.width = positions, width
+    allowed = torch.arange(width, device=steps.device) <= positions[:, :, None]  # (rows, q, width)
+    limit = max_positions(model)
+    if limit is not None:
+        positions = positions.clamp(max=limit - 1)
+    arguments: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": _attention_mask(model, allowed[:, None]),
+        "position_ids": positions,
+        "use_cache": True,
+        cache_kwarg(model): cache,
+    }
+    if last is None:
+        return model(**arguments).logits  # type: ignore[no-any-return]
+    base = getattr(model, model.base_model_prefix)
+    hidden = base(**arguments).last_hidden_state  # (rows, q, d)
+    picked = hidden[torch.arange(n, device=hidden.device), last]  # (rows, d)
+    head = model.get_output_embeddings()
+    assert head is not None, "a causal LM has an output head"
+    return head(picked)  # type: ignore[no-any-return]

@@ -1,0 +1,150 @@
+"""The engine's policies: the draft length it picks, probe rounds, stop sequences, the K/V budget and
+out-of-memory recovery, plain twins (draft_limit=0) — on tiny random models."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import Reference, flat_costs, perturbed, request
+
+from genjob.generation.costs import CostModel, choose_draft_length, expected_speedup, expected_tokens
+from genjob.generation.draft_model import DraftModel
+from genjob.generation.engine import Engine
+from genjob.generation.loading import load_model, load_tokenizer
+from genjob.generation.proposers import NgramIndex, PromptLookup
+from genjob.generation.stopping import StopSequences, cut_text
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair: tuple[Path, Path]):
+    return load_model(str(tiny_pair[0]))
+
+
+def costs(draft_step: float, verify: list[float]) -> CostModel:
+    queries = list(range(1, len(verify) + 1))
+    return CostModel([1], queries, {1: verify}, {1: draft_step}, context=64)
+
+
+def test_the_draft_length_follows_acceptance_and_cost() -> None:
+    cheap = costs(0.02, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])
+    assert choose_draft_length(cheap, [0.9], [6], k_max=6, current=0) == 6
+    assert choose_draft_length(cheap, [0.05], [6], k_max=6, current=3) == 0
+    dear = costs(1.0, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])  # a draft as slow as the target
+    assert choose_draft_length(dear, [0.9], [6], k_max=6, current=2) == 0
+    assert choose_draft_length(cheap, [0.9], [0], k_max=6, current=0) == 0  # no room for drafts
+    # hysteresis: a k close to the best is kept
+    assert choose_draft_length(cheap, [0.6], [6], k_max=6, current=3) == 3
+
+
+def test_expected_speedup_is_leviathans_with_the_measured_verify_cost() -> None:
+    model = costs(0.1, [1.0, 1.2, 1.4, 1.6])
+    alpha, k = 0.8, 3
+    expected = expected_tokens(alpha, k) * 1.0 / (k * 0.1 + 1.6)
+    assert expected_speedup(model, alpha, {3: 10}, 1.0) == pytest.approx(expected)
+    assert expected_tokens(0.8, 3) == pytest.approx((1 - 0.8**4) / 0.2)
+    assert expected_speedup(model, alpha, {}, 1.0) is None
+
+
+def test_a_draft_that_never_agrees_and_costs_as_much_decodes_plainly(target, tiny_pair) -> None:
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    dear = costs(1.0, [1.0] + [1.0 + 0.1 * q for q in range(1, 9)])
+    engine = Engine(target, DraftModel(load_model(str(tiny_pair[1]))), max_rows=4, k_max=8, costs=dear)
+    requests = [request(i, tokenizer(f"def f{i}(x):")["input_ids"], 30) for i in range(4)]
+    list(engine.generate(requests))
+    plain = engine.stats.gamma_hist[0]
+    assert plain / sum(engine.stats.gamma_hist.values()) > 0.8  # k = 0 but for exploration rounds
+
+
+def test_probe_rounds_decode_plainly_and_are_counted(target, tiny_pair) -> None:
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    engine = Engine(
+        target,
+        DraftModel(copy.deepcopy(target)),
+        max_rows=3,
+        k_max=4,
+        fixed_k=4,
+        costs=flat_costs(4),
+        probe_every=5,
+    )
+    requests = [request(i, tokenizer("import os")["input_ids"], 40) for i in range(3)]
+    results = list(engine.generate(requests))
+    stats = engine.stats
+    assert stats.probe_rounds == stats.rounds // 5 > 0
+    assert stats.probe_tokens == sum(1 for _ in range(stats.probe_rounds)) * 0 + stats.probe_tokens
+    assert stats.gamma_hist == {4: stats.rounds - stats.probe_rounds}
+    reference = Reference(target)
+    assert all(done.token_ids == reference(requests[0].input_ids, 40, None) for done in results)
+
+
+def test_a_plain_twin_is_plain_decoding_in_the_same_batch(target, tiny_pair) -> None:
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    ids = tokenizer("class A:")["input_ids"]
+    engine = Engine(
+        target, DraftModel(perturbed(target, 1e-3)), max_rows=2, k_max=4, fixed_k=4, costs=flat_costs(4)
+    )
+    twin = request(-1, ids, 30)
+    twin = type(twin)(key=-1, input_ids=ids, max_new_tokens=30, draft_limit=0)
+    results = {done.key: done for done in engine.generate([request(1, ids, 30), twin])}
+    assert results[1].token_ids == results[-1].token_ids
+    assert results[-1].stats.accepted == 0 and results[-1].stats.rounds == 30
+    assert results[1].stats.accepted > 0
+
+
+def test_stop_sequences_end_a_row_and_cut_its_text(target, tiny_pair) -> None:
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    ids = tokenizer("def foo(x):")["input_ids"]
+    full = Reference(target)(ids, 30, None)
+    text = tokenizer.decode(full)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    check = StopSequences(tokenizer, [stop])
+    one = type(request(0, ids, 30))(key=0, input_ids=ids, max_new_tokens=30, stop=check)
+    engine = Engine(target, PromptLookup(), max_rows=1, k_max=4, costs=flat_costs(4))
+    (done,) = list(engine.generate([one]))
+    assert done.stats.finish_reason == "stop"
+    kept = tokenizer.decode(done.token_ids)
+    assert stop in kept and stop not in tokenizer.decode(done.token_ids[:-1])
+    assert done.token_ids == full[: len(done.token_ids)]
+    assert cut_text(kept, [stop]) == text[: text.index(stop)]
+
+
+def test_the_kv_budget_bounds_the_rows(target, tiny_pair) -> None:
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    engine = Engine(target, None, max_rows=8, k_max=0, costs=flat_costs(0))
+    per_row = engine.cache.bytes_per_token() * (len(tokenizer("x")["input_ids"]) + 20 + 1)
+    engine.kv_budget_bytes = 3 * per_row
+    engine.add([request(0, tokenizer("x")["input_ids"], 20)])
+    assert engine.free_rows == 2
+
+
+def test_out_of_memory_halves_the_batch_and_loses_nothing(target, tiny_pair, monkeypatch) -> None:
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    engine = Engine(
+        target, DraftModel(perturbed(target, 1e-3)), max_rows=8, k_max=3, fixed_k=3, costs=flat_costs(3)
+    )
+    real = engine._round_of_decoding
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real()
+
+    monkeypatch.setattr(engine, "_round_of_decoding", flaky)
+    requests = [request(i, tokenizer(f"for i in range({i}):")["input_ids"], 25) for i in range(8)]
+    results = {done.key: done for done in engine.generate(requests)}
+    assert engine.max_rows == 4 and engine.stats.oom_events == 1
+    reference = Reference(target)
+    for one in requests:
+        assert results[one.key].token_ids == reference(one.input_ids, 25, None)
+
+
+def test_the_ngram_index_finds_the_latest_earlier_occurrence() -> None:
+    index = NgramIndex(max_n=3)
+    context = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    assert index.lookup(context, 2) == [7, 8]  # the latest earlier "1 2 3" was followed by 7 8
+    assert index.lookup([*context, 5], 3) == []  # "5", "3 5", "2 3 5" never seen before
+    assert NgramIndex(max_n=3).lookup([4, 4], 5) == [4]
