@@ -33,8 +33,8 @@ from worker_processes import (
 
 from genjob.db import session_scope
 from genjob.settings import Settings
-from genjob.worker.enqueue import enqueue_job
 from genjob.tables import Attempt, Item, utcnow
+from genjob.worker.enqueue import enqueue_job
 
 pytestmark = pytest.mark.integration
 
