@@ -8,15 +8,16 @@ individual problems, each with the input ``line`` and/or ``field`` it concerns w
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ExceptionHandler
 
 from genjob.catalog import JobOptionsError
 from genjob.formats.lines import InputFileError
@@ -142,10 +143,15 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    # Starlette types every handler as taking Exception; each of these gets only its own class.
+    handlers: list[tuple[type[Exception], Callable[..., Awaitable[JSONResponse]]]] = [
+        (ApiError, _api_error),
+        (RequestValidationError, _validation_error),
+        (StarletteHTTPException, _http_error),
+        (Exception, _unexpected_error),
+    ]
+    for exc_class, handler in handlers:
+        app.add_exception_handler(exc_class, cast(ExceptionHandler, handler))
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict]:

@@ -66,7 +66,7 @@ def _close_chunk(
 ) -> None:
     leases.release_reservations(session, item_ids=item_ids, worker=holder)
     if draft_tokens is not None:
-        session.get(Job, job_id).draft_tokens = draft_tokens
+        session.get_one(Job, job_id).draft_tokens = draft_tokens
     store.finalize_job(session, job_id=job_id)
 
 

@@ -41,7 +41,7 @@ class JobRunner:
 
     spec: JobSpec
     engine: Engine
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer (or a test double)
     max_positions: int | None
     cost_ratio: float | None
 

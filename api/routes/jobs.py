@@ -154,7 +154,7 @@ def _batched(chunks: Iterator[str]) -> Iterator[str]:
 
 def _export(settings: Settings, job_id: str, fmt: ResultFormat) -> Iterator[str]:
     with session_scope(settings.database_url) as session:
-        job = session.get(Job, job_id)
+        job = session.get_one(Job, job_id)
         yield from _batched(export_job(session, job=job, fmt=fmt))
 
 

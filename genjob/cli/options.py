@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, cast, get_args, get_origin
 
 import annotated_types
 import click
@@ -101,7 +101,7 @@ def _bounds(metadata: Sequence[Any]) -> Iterator[tuple[str, Any]]:
 
 
 def _field_check(name: str, field: FieldInfo) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[field.annotation, *field.metadata])
+    adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, Annotated[field.annotation, *field.metadata]))
 
     def check(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
         if value is None:
