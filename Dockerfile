@@ -22,14 +22,14 @@ RUN useradd --create-home --uid 1000 genjob \
     && chown genjob /cache/huggingface
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY genjob ./genjob
 COPY worker ./worker
 COPY api ./api
 COPY generation ./generation
 COPY migrations ./migrations
-# A normal install: the migrations ship inside the package (genjob.migrations).
-RUN pip install ".[worker,api]"
+# A normal install, at the versions of constraints.txt: the migrations ship inside the package.
+RUN pip install --constraint constraints.txt ".[worker,api]"
 
 USER genjob
 EXPOSE 8000 5555

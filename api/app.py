@@ -64,17 +64,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
-    app.openapi = lambda: _openapi_with_model_names(app)
+    app.openapi = lambda: _openapi_with_model_names(app)  # type: ignore[method-assign]  # FastAPI's way
     return app
 
 
 def _openapi_with_model_names(app: FastAPI) -> dict:
-    """The generated spec, with the allow-listed model names as the enum of ``model``."""
+    """The generated spec, with the allow-listed model names as the enum of ``model`` and ``assistant``."""
     if app.openapi_schema is None:
         spec = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
         names = [entry.name for entry in app.state.settings.models]
         for parameter in spec["paths"]["/v1/jobs"]["post"]["parameters"]:
-            if parameter["name"] == "model" and names:
+            if parameter["name"] in ("model", "assistant") and names:
                 parameter["schema"]["enum"] = names
         app.openapi_schema = spec
     return app.openapi_schema

@@ -8,16 +8,20 @@ individual problems, each with the input ``line`` and/or ``field`` it concerns w
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ExceptionHandler
 
+from genjob.catalog import JobOptionsError
 from genjob.formats.lines import InputFileError
+from genjob.options import JobOptions
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +101,28 @@ async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
     return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
 
 
+def _job_option_errors(errors: Sequence[Any]) -> JobOptionsError | None:
+    """The errors as one JobOptionsError when each is a bad value of a job option (a query parameter
+    of ``POST /v1/jobs``): ranges answer ``invalid_options`` whether FastAPI or the catalog finds them.
+    A missing or unknown parameter stays ``invalid_request``."""
+    option_errors = [
+        {**error, "loc": tuple(error["loc"][1:])}
+        for error in errors
+        if tuple(error.get("loc", ()))[:1] == ("query",)
+        and len(error["loc"]) == 2
+        and error["loc"][1] in JobOptions.model_fields
+        and error.get("type") not in ("missing", "extra_forbidden")
+    ]
+    if not errors or len(option_errors) != len(errors):
+        return None
+    return JobOptionsError.of(option_errors)
+
+
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    options_error = _job_option_errors(exc.errors())
+    if options_error is not None:
+        detail = ErrorDetail(message=str(options_error), field=options_error.field)
+        return error_response(422, "invalid_options", f"invalid job options: {options_error}", [detail])
     details = []
     for error in exc.errors():
         loc = [str(part) for part in error.get("loc", ())]
@@ -118,10 +143,15 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    # Starlette types every handler as taking Exception; each of these gets only its own class.
+    handlers: list[tuple[type[Exception], Callable[..., Awaitable[JSONResponse]]]] = [
+        (ApiError, _api_error),
+        (RequestValidationError, _validation_error),
+        (StarletteHTTPException, _http_error),
+        (Exception, _unexpected_error),
+    ]
+    for exc_class, handler in handlers:
+        app.add_exception_handler(exc_class, cast(ExceptionHandler, handler))
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict]:

@@ -1,4 +1,7 @@
-"""Request options and response bodies of the API (pydantic, so they document the OpenAPI spec)."""
+"""Response bodies of the API (pydantic, so they document the OpenAPI spec).
+
+The job options of ``POST /v1/jobs`` are ``genjob.options.JobOptions`` itself, as query parameters.
+"""
 
 from __future__ import annotations
 
@@ -6,53 +9,11 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from genjob.constants import DecodingMode, DraftSchedule, InputFormat, JobStatus
+from genjob.constants import JobStatus
 from genjob.stats import job_stats
 from genjob.tables import Job
-
-NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
-
-
-class JobOptions(BaseModel):
-    """Options of ``POST /v1/jobs``, as query parameters (the body is the JSONL upload).
-
-    Unset options take the CLI's defaults; ranges are checked by the same JobSpec as the CLI's.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(max_length=200, description="A model name from the allow-list (GENJOB_MODELS).")
-    input_format: InputFormat = Field(
-        default=InputFormat.GENJOB, description="genjob lines, or OpenAI batch request lines."
-    )
-    mode: DecodingMode | None = Field(
-        default=None, description="draft (default when the model has a draft), prompt-lookup or none."
-    )
-    max_new_tokens: int | None = Field(default=None, description="New tokens per item unless a line says.")
-    draft_tokens: int | None = Field(
-        default=None, description="γ: draft tokens per round (1..64, default 5)."
-    )
-    schedule: DraftSchedule | None = Field(default=None, description="How γ adapts (default heuristic).")
-    temperature: float | None = Field(default=None, description="0 = greedy (default).")
-    top_p: float | None = Field(default=None, description="Nucleus sampling mass (default 1).")
-    seed: int | None = Field(default=None, description="Seed for sampling; seeded runs repeat exactly.")
-    baseline_fraction: float | None = Field(
-        default=None, description="Share of items also decoded plainly to measure the speedup (default 0.05)."
-    )
-    batch_size: int | None = Field(
-        default=None,
-        description="Prompts per forward pass (1..256; default GENJOB_BATCH_SIZE or a probe of the device).",
-    )
-    chunk_size: int | None = Field(default=None, ge=1, le=10_000, description="Items per task message.")
-    name: str | None = Field(
-        default=None, min_length=1, max_length=200, pattern=NO_CONTROL_CHARACTERS, description="A name."
-    )
-
-    def spec_options(self) -> dict[str, Any]:
-        """The options that go into the JobSpec (the unset ones left to its defaults)."""
-        return self.model_dump(exclude={"model", "input_format", "chunk_size", "name"}, exclude_none=True)
 
 
 class JobStatsOut(BaseModel):

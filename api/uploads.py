@@ -8,10 +8,11 @@ over to a temporary file on disk; either way it is gone when the request ends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from tempfile import SpooledTemporaryFile
+from typing import BinaryIO, cast
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
@@ -62,7 +63,9 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def _limited(stream: AsyncIterator[bytes], limit: int, upload_limit: int) -> AsyncIterator[bytes]:
+async def _limited(
+    stream: AsyncIterator[bytes], limit: int, upload_limit: int
+) -> AsyncGenerator[bytes, None]:
     size = 0
     async for chunk in stream:
         size += len(chunk)
@@ -73,7 +76,7 @@ async def _limited(stream: AsyncIterator[bytes], limit: int, upload_limit: int) 
 
 async def _spool_body(request: Request, limit: int) -> Upload:
     spool = SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 (closed by spooled_upload)
-    upload = UploadFile(spool, size=0, filename=None)
+    upload = UploadFile(cast(BinaryIO, spool), size=0, filename=None)
     try:
         async for chunk in _limited(request.stream(), limit, limit):
             await upload.write(chunk)

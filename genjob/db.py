@@ -16,10 +16,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import Engine, create_engine, event, exc, inspect
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event, exc, inspect
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def _forget_inherited_connections() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_connections)
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
@@ -68,6 +71,11 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 @lru_cache(maxsize=8)
 def _session_factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+def changed_rows(session: Session, statement: Executable) -> int:
+    """Execute an UPDATE (or DELETE) and return how many rows it changed."""
+    return cast("CursorResult[Any]", session.execute(statement)).rowcount
 
 
 @contextmanager
@@ -116,7 +124,7 @@ def migrations_dir() -> Path:
     return Path(str(importlib.resources.files("genjob.migrations")))
 
 
-def alembic_config(url: str):
+def alembic_config(url: str) -> Config:
     from alembic.config import Config
 
     config = Config()

@@ -1,39 +1,116 @@
-"""What a job asks the workers to do: model names and decoding options, stored on the job row."""
+"""Job options, each declared once: its name, type, default, range and help.
 
-from typing import Self
+``JobOptions`` is what a submit asks for; the CLI's ``submit`` options (``genjob.cli.options``) and
+the API's ``POST /v1/jobs`` query parameters are both generated from it, so a new option is one
+field here. ``JobSpec`` is what the job row stores for the workers: the decoding options as given
+(``DecodingOptions``, shared by both classes), the models resolved to what the workers load, and
+the defaults that depend on Settings filled in (``genjob.catalog.job_spec`` does that).
+Must not know: click, FastAPI, torch, the workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from genjob.constants import DecodingMode, DraftSchedule, OpenAIEndpoint
+from genjob.constants import DecodingMode, DraftSchedule, InputFormat, OpenAIEndpoint
+
+NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
+MODEL_NAME_CHARS = 500
 
 
-class JobSpec(BaseModel):
-    """Generation options for every item of a job (an item may override ``max_new_tokens``)."""
+class DecodingOptions(BaseModel):
+    """How the workers decode every item of a job; stored on the job as given (or defaulted)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(min_length=1, max_length=500, description="Target model: hub id or local path.")
-    assistant: str | None = Field(
-        default=None, min_length=1, max_length=500, description="Draft model for mode 'draft'."
+    draft_tokens: int = Field(default=5, ge=1, le=64, description="γ: draft tokens proposed per round.")
+    schedule: DraftSchedule = Field(
+        default=DraftSchedule.HEURISTIC,
+        description="How γ adapts to the hit rate (heuristic carries across the job's items).",
     )
-    mode: DecodingMode = DecodingMode.DRAFT
-    max_new_tokens: int = Field(default=128, ge=1)
-    draft_tokens: int = Field(default=5, ge=1, le=64, description="γ: tokens the draft proposes a round.")
-    schedule: DraftSchedule = DraftSchedule.HEURISTIC
-    prompt_lookup_tokens: int = Field(default=10, ge=1, le=64)
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    prompt_lookup_tokens: int = Field(
+        default=10, ge=1, le=64, description="Tokens proposed per round in mode prompt-lookup."
+    )
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0, description="0 = greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="Seed for sampling; seeded runs repeat exactly."
+    )
     batch_size: int | None = Field(
         default=None,
         ge=1,
         le=256,
-        description="Prompts decoded together per forward pass (greedy draft/none modes); "
-        "unset: GENJOB_BATCH_SIZE or a probe of the device; 1: one prompt at a time.",
+        description="Prompts decoded together per forward pass (greedy draft and none modes; default: "
+        "GENJOB_BATCH_SIZE, else a probe of the device); 1 decodes one prompt at a time.",
     )
     baseline_fraction: float = Field(
-        default=0.05, ge=0.0, le=1.0, description="Share of items also decoded plainly to measure speedup."
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="Share of items also decoded plainly to measure the speedup.",
     )
+
+    def decoding(self) -> dict[str, Any]:
+        """The decoding options alone, as keyword arguments (for a JobSpec)."""
+        return self.model_dump(include=set(DecodingOptions.model_fields))
+
+
+class JobOptions(DecodingOptions):
+    """Everything a submit may set: the models by name, the input format, the decoding options and
+    how the job is queued. Unset options take their defaults when the JobSpec is built."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=MODEL_NAME_CHARS,
+        description="Target model: a name from GENJOB_MODELS (its draft comes with it); "
+        "on the CLI also a hub id or a local path.",
+    )
+    assistant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MODEL_NAME_CHARS,
+        description="Draft model sharing the target's tokenizer: a name from GENJOB_MODELS (on the CLI "
+        "also a hub id or a path); default: the model's own draft.",
+    )
+    input_format: InputFormat = Field(
+        default=InputFormat.GENJOB,
+        description="genjob lines, or OpenAI batch request lines (chat messages go through the chat "
+        "template).",
+    )
+    mode: DecodingMode | None = Field(
+        default=None,
+        description="draft (the default when there is a draft model), prompt-lookup, or none (plain "
+        "decoding).",
+    )
+    # No range here: its bounds are Settings (1..GENJOB_MAX_NEW_TOKENS_LIMIT), checked by the catalog.
+    max_new_tokens: int | None = Field(
+        default=None,
+        description="New tokens per item unless its line says otherwise (default GENJOB_MAX_NEW_TOKENS).",
+    )
+    chunk_size: int | None = Field(
+        default=None, ge=1, le=10_000, description="Items per task message (default GENJOB_CHUNK_SIZE)."
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=NO_CONTROL_CHARACTERS,
+        description="A name to find the job by.",
+    )
+
+
+class JobSpec(DecodingOptions):
+    """What the job row stores for the workers (an item may override ``max_new_tokens``): the
+    decoding options plus the models as the workers load them (hub ids or paths, never names)."""
+
+    model: str = Field(min_length=1, max_length=MODEL_NAME_CHARS, description="Target: hub id or path.")
+    assistant: str | None = Field(
+        default=None, min_length=1, max_length=MODEL_NAME_CHARS, description="Draft model for mode 'draft'."
+    )
+    mode: DecodingMode = DecodingMode.DRAFT
+    max_new_tokens: int = Field(default=128, ge=1)
     endpoint: OpenAIEndpoint | None = Field(
         default=None,
         description="OpenAI batch endpoint of the input lines (None: genjob lines); shapes openai output.",

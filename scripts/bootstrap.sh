@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install genjob with its test tools. torch goes first, pinned to the CPU wheel
-# on this machine's disk (pip install torch==2.13.0), so nothing pulls a multi-GB CUDA build.
+# Create .venv and install genjob with its test tools, at the versions pinned in constraints.txt.
+# torch goes first, pinned to the CPU wheel on this machine's disk (pip install torch==2.13.0), so
+# nothing pulls a multi-GB CUDA build. Reinstalls whenever pyproject.toml or constraints.txt change.
+# Then lays out build/package-tree, the package as installed, for mypy and import-linter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -9,12 +11,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.genjob-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "==> installing torch==2.13.0, then genjob[test]" >&2
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet torch==2.13.0
-  .venv/bin/python -m pip install --quiet -e '.[test]'
-  touch "$stamp"
+wanted=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  echo "==> installing torch==2.13.0, then genjob[test] (constraints.txt)" >&2
+  pip=(.venv/bin/python -m pip install --quiet --constraint constraints.txt)
+  "${pip[@]}" pip
+  "${pip[@]}" torch==2.13.0
+  "${pip[@]}" -e '.[test]'
+  echo "$wanted" > "$stamp"
 fi
 .venv/bin/python -c "import torch, transformers, celery, genjob; assert torch.__version__.startswith('2.13')" \
   || { echo "bootstrap: the installed environment is broken" >&2; exit 1; }
+.venv/bin/python scripts/package_tree.py > /dev/null

@@ -96,7 +96,15 @@ def test_the_dockerfile_installs_torch_then_the_package() -> None:
     runs = [shlex.split(line[4:]) for line in lines if line.startswith("RUN ")]
     installs = [run for run in runs if run[:2] == ["pip", "install"]]
     assert installs[0][2].startswith("torch==")
-    assert installs[-1] == ["pip", "install", "-e", "."]
-    copied = {line.split()[1] for line in lines if line.startswith("COPY ")}
-    assert {"genjob", "worker", "api", "generation", "migrations", "pyproject.toml"} <= copied
+    assert installs[-1] == ["pip", "install", "--constraint", "constraints.txt", ".[worker,api]"]  # not -e
+    copied = {name for line in lines if line.startswith("COPY ") for name in line.split()[1:-1]}
+    assert {
+        "genjob",
+        "worker",
+        "api",
+        "generation",
+        "migrations",
+        "pyproject.toml",
+        "constraints.txt",
+    } <= copied
     assert json.loads(lines[-1].removeprefix("CMD "))[0] == "genjob"

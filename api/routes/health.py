@@ -40,7 +40,7 @@ def check_database(settings: Settings) -> str:
 def check_broker(settings: Settings) -> str:
     if settings.embedded:
         return "embedded"
-    from kombu import Connection
+    from kombu.connection import Connection
 
     try:
         with Connection(settings.broker_url, connect_timeout=BROKER_TIMEOUT_S) as connection:

@@ -1,7 +1,8 @@
 """``/v1/jobs``: submit a JSONL upload as a job, list and read jobs, stream results, cancel, requeue.
 
-Submitting goes through the same code as ``genjob submit`` (``genjob.catalog.build_job_spec`` and
-``genjob.submit.store_job_stream``), so a job is the same row whichever way it came in.
+Submitting goes through the same code as ``genjob submit`` (its options are ``genjob.options.JobOptions``
+as query parameters, then ``genjob.catalog.job_spec`` and ``genjob.submit.store_job_stream``), so a job
+is the same row whichever way it came in.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from starlette.concurrency import run_in_threadpool
 from genjob import store
 from genjob.api.deps import JobDep, SessionDep, SettingsDep, require_api_key
 from genjob.api.errors import ApiError, ErrorDetail, error_responses
-from genjob.api.schemas import JobList, JobOptions, JobOut, RequeueOut
+from genjob.api.schemas import JobList, JobOut, RequeueOut
 from genjob.api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
-from genjob.catalog import JobOptionsError, build_job_spec
+from genjob.catalog import JobOptionsError, job_spec
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
 from genjob.formats.export import ResultFormat, export_job
 from genjob.formats.lines import InputFileError
 from genjob.generation.prompt_tokenizer import PromptTokenizer
+from genjob.options import JobOptions
 from genjob.queueing import BrokerUnavailable
 from genjob.settings import Settings
 from genjob.submit import store_job_stream
@@ -91,7 +93,7 @@ async def create_job(
     stored. An upload over GENJOB_MAX_UPLOAD_BYTES answers 413.
     """
     try:
-        spec = build_job_spec(settings, model=options.model, allow_paths=False, **options.spec_options())
+        spec = job_spec(settings, options, allow_paths=False)
     except JobOptionsError as exc:
         detail = ErrorDetail(message=str(exc), field=exc.field)
         raise ApiError(422, "invalid_options", f"invalid job options: {exc}", details=[detail]) from exc
@@ -152,7 +154,7 @@ def _batched(chunks: Iterator[str]) -> Iterator[str]:
 
 def _export(settings: Settings, job_id: str, fmt: ResultFormat) -> Iterator[str]:
     with session_scope(settings.database_url) as session:
-        job = session.get(Job, job_id)
+        job = session.get_one(Job, job_id)
         yield from _batched(export_job(session, job=job, fmt=fmt))
 
 

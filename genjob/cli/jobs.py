@@ -8,13 +8,15 @@ import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 
 from genjob import store
-from genjob.catalog import JobOptionsError, build_job_spec
+from genjob.catalog import JobOptionsError, job_spec, parse_job_options
+from genjob.cli.options import job_options, option_values
 from genjob.cli.output import JOBS_HEADER, job_row, job_stats_lines, job_summary_lines
-from genjob.constants import TERMINAL_JOB_STATUSES, DecodingMode, DraftSchedule, InputFormat, JobStatus
+from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import SchemaError, session_scope
 from genjob.durations import parse_duration
 from genjob.formats.export import ResultFormat, export_job
@@ -117,79 +119,16 @@ class _ChunkRunner(threading.Thread):
             self.error = exc
 
 
-def _check_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and not 1 <= len(value) <= 200:
-        raise click.BadParameter("must be 1 to 200 characters")
-    return value
-
-
 @click.command()
 @click.argument("prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "-m",
-    "--model",
-    required=True,
-    help="Target model: a name from GENJOB_MODELS (its draft comes with it), a hub id or a local path.",
-)
-@click.option(
-    "-a",
-    "--assistant",
-    help="Draft model (a GENJOB_MODELS name, hub id or path) sharing the target's tokenizer.",
-)
-@click.option(
-    "--input-format",
-    type=click.Choice([f.value for f in InputFormat]),
-    default=InputFormat.GENJOB.value,
-    show_default=True,
-    help="genjob lines, or OpenAI batch request lines (chat messages go through the chat template).",
-)
-@click.option(
-    "--mode",
-    type=click.Choice([m.value for m in DecodingMode]),
-    help="draft (default with --assistant), prompt-lookup, or none (plain decoding).",
-)
-@click.option("--max-new-tokens", type=int, help="New tokens per item unless the line says otherwise.")
-@click.option("--draft-tokens", type=int, default=5, show_default=True, help="γ: draft tokens per round.")
-@click.option(
-    "--schedule",
-    type=click.Choice([s.value for s in DraftSchedule]),
-    default=DraftSchedule.HEURISTIC.value,
-    show_default=True,
-    help="How γ adapts to the hit rate (heuristic carries across the job's items).",
-)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass.")
-@click.option("--seed", type=int, help="Seed for sampling; seeded runs repeat exactly.")
-@click.option(
-    "--baseline-fraction",
-    type=float,
-    default=0.05,
-    show_default=True,
-    help="Share of items also decoded plainly to measure the speedup.",
-)
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1, max=256),
-    help="Prompts decoded together per forward pass (default: GENJOB_BATCH_SIZE, else a probe of the "
-    "device); 1 decodes one prompt at a time.",
-)
-@click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
-@click.option("--name", callback=_check_name, help="A name to find the job by.")
+@job_options()
 @click.option(
     "--expire-after",
     type=Duration(),
     help="Deadline (30s, 10m, 2h, 1d): the job then ends expired, unstarted items too.",
 )
 @click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
-def submit(
-    prompts: Path,
-    wait: bool,
-    name: str | None,
-    chunk_size: int | None,
-    input_format: str,
-    expire_after: timedelta | None,
-    **options,
-) -> None:
+def submit(prompts: Path, wait: bool, expire_after: timedelta | None, **values: Any) -> None:
     """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
 
     The whole file is validated first; a bad line fails the submit with
@@ -199,7 +138,8 @@ def submit(
     """
     settings = settings_and_schema()
     try:
-        spec = build_job_spec(settings, allow_paths=True, **options)
+        options = parse_job_options(option_values(values))
+        spec = job_spec(settings, options, allow_paths=True)
     except JobOptionsError as exc:
         raise click.ClickException(f"invalid job options: {exc}") from exc
     try:
@@ -208,14 +148,14 @@ def submit(
             path=prompts,
             spec=spec,
             tokenizer=PromptTokenizer(spec.model),
-            name=name,
+            name=options.name,
             expires_at=deadline(expire_after),
-            input_format=InputFormat(input_format),
+            input_format=options.input_format,
         )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(submitted.job_id)
-    chunk_size = chunk_size or settings.chunk_size
+    chunk_size = options.chunk_size or settings.chunk_size
     if settings.embedded:
         runner = _ChunkRunner(settings, submitted.job_id, chunk_size)
         runner.start()

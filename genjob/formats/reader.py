@@ -136,11 +136,11 @@ def _read(
         item = PromptItem(
             seq, number, parsed.prompt, parsed.custom_id, parsed.max_new_tokens, parsed.endpoint
         )
-        problem = None
+        too_long = None
         if tokenizer is not None and max_new_tokens is not None:
-            problem = tokenizer.context_problem(item.prompt, item.max_new_tokens or max_new_tokens)
-        if problem is not None:
-            yield LineError(number, f"field '{parsed.prompt_field}': {problem}", parsed.prompt_field)
+            too_long = tokenizer.context_problem(item.prompt, item.max_new_tokens or max_new_tokens)
+        if too_long is not None:
+            yield LineError(number, f"field '{parsed.prompt_field}': {too_long}", parsed.prompt_field)
             continue
         yield item
         seq += 1

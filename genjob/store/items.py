@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import ColumnElement, and_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -23,6 +23,7 @@ from genjob.constants import (
     AttemptOutcome,
     ItemStatus,
 )
+from genjob.db import changed_rows
 from genjob.store.jobs import expire_due_jobs
 from genjob.store.leases import as_utc, close_open_attempts
 from genjob.tables import Attempt, Item, Job, Result, utcnow
@@ -98,16 +99,17 @@ def claim_item(
     return item, attempt.id
 
 
-def _held_by_this_attempt(item: Item):
+def _held_by_this_attempt(item: Item) -> ColumnElement[bool]:
     """SQL condition: still running under the attempt that claimed ``item`` (the fencing token)."""
     return and_(Item.id == item.id, Item.status == ItemStatus.RUNNING, Item.attempts == item.attempts)
 
 
 def release_for_retry(session: Session, *, item: Item, attempt_id: int, error: str) -> bool:
     """An attempt raised and tries are left: the item goes back to pending, still leased to us."""
-    moved = session.execute(
-        update(Item).where(_held_by_this_attempt(item)).values(status=ItemStatus.PENDING, error=error)
-    ).rowcount
+    moved = changed_rows(
+        session,
+        update(Item).where(_held_by_this_attempt(item)).values(status=ItemStatus.PENDING, error=error),
+    )
     _close_attempt(session, attempt_id=attempt_id, outcome=AttemptOutcome.RETRIED, error=error)
     return bool(moved)
 
@@ -126,11 +128,12 @@ def finish_item(session: Session, *, item: Item, attempt_id: int, result: dict[s
     False (and nothing written but the attempt) if the item is already final or a later attempt
     took it over after this one's lease ran out.
     """
-    moved = session.execute(
+    moved = changed_rows(
+        session,
         update(Item)
         .where(_held_by_this_attempt(item))
-        .values(status=ItemStatus.DONE, error=None, finished_at=utcnow(), lease_expires_at=None)
-    ).rowcount
+        .values(status=ItemStatus.DONE, error=None, finished_at=utcnow(), lease_expires_at=None),
+    )
     outcome = AttemptOutcome.DONE if moved else AttemptOutcome.SUPERSEDED
     _close_attempt(session, attempt_id=attempt_id, outcome=outcome)
     if not moved:
@@ -156,11 +159,12 @@ def finish_item(session: Session, *, item: Item, attempt_id: int, result: dict[s
 
 def fail_item(session: Session, *, item: Item, attempt_id: int, error: str) -> bool:
     """Mark an item failed with its error, once (fenced like ``finish_item``)."""
-    moved = session.execute(
+    moved = changed_rows(
+        session,
         update(Item)
         .where(_held_by_this_attempt(item))
-        .values(status=ItemStatus.FAILED, error=error, finished_at=utcnow(), lease_expires_at=None)
-    ).rowcount
+        .values(status=ItemStatus.FAILED, error=error, finished_at=utcnow(), lease_expires_at=None),
+    )
     outcome = AttemptOutcome.FAILED if moved else AttemptOutcome.SUPERSEDED
     _close_attempt(session, attempt_id=attempt_id, outcome=outcome, error=error)
     if moved:

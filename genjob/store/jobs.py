@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
@@ -23,12 +23,16 @@ from genjob.constants import (
     ItemStatus,
     JobStatus,
 )
-from genjob.formats.lines import PromptItem
+from genjob.db import changed_rows
 from genjob.options import JobSpec
 from genjob.store.leases import as_utc, lease_is_free
 from genjob.tables import Item, Job, Result, utcnow
 
+if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
+    from genjob.formats.lines import PromptItem
+
 INSERT_BATCH = 2000
+T = TypeVar("T")
 PAGE_SIZE = 5000
 
 
@@ -38,7 +42,7 @@ class JobNotFound(LookupError):
         self.job_id = job_id
 
 
-def batched(iterable: Iterable, size: int) -> Iterator[tuple]:
+def batched(iterable: Iterable[T], size: int) -> Iterator[tuple[T, ...]]:
     """itertools.batched (Python 3.12) for 3.11."""
     iterator = iter(iterable)
     while batch := tuple(islice(iterator, size)):
@@ -97,7 +101,7 @@ def create_job(
 ITEM_COLUMNS = ("job_id", "seq", "line", "custom_id", "prompt", "max_new_tokens", "status", "attempts")
 
 
-def _copy_items(session: Session, rows: Iterable[tuple]) -> int:
+def _copy_items(session: Session, rows: Iterable[tuple[Any, ...]]) -> int:
     """Stream rows into ``items`` with COPY (about 3x faster than executemany); returns the count."""
     count = 0
     cursor = session.connection().connection.cursor()
@@ -167,11 +171,12 @@ def live_jobs_with_pending_items(session: Session) -> list[tuple[str, str]]:
 
 def cancel_job(session: Session, *, job: Job) -> bool:
     """Cancel a job that has not ended: pending items are cancelled, the one in flight finishes."""
-    moved = session.execute(
+    moved = changed_rows(
+        session,
         update(Job)
         .where(Job.id == job.id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
-        .values(status=JobStatus.CANCELLED, finished_at=utcnow())
-    ).rowcount
+        .values(status=JobStatus.CANCELLED, finished_at=utcnow()),
+    )
     if not moved:
         return False
     session.execute(
@@ -193,11 +198,12 @@ def mark_job_running(session: Session, *, job_id: str) -> None:
 
 def fail_job(session: Session, *, job_id: str, error: str) -> None:
     """A job-level failure (say, its model cannot be loaded): every open item fails with it."""
-    failed = session.execute(
+    failed = changed_rows(
+        session,
         update(Item)
         .where(Item.job_id == job_id, Item.status.in_(list(OPEN_ITEM_STATUSES)))
-        .values(status=ItemStatus.FAILED, error=error, finished_at=utcnow())
-    ).rowcount
+        .values(status=ItemStatus.FAILED, error=error, finished_at=utcnow()),
+    )
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
@@ -237,12 +243,14 @@ def expire_due_jobs(session: Session, *, now: datetime | None = None, job_id: st
         query = query.where(Job.id == job_id)
     ended = []
     for due_id, expires_at in session.execute(query).all():
+        assert expires_at is not None  # the query's condition
         error = f"expired: not finished by {as_utc(expires_at):%Y-%m-%d %H:%M:%S} UTC"
-        moved = session.execute(
+        moved = changed_rows(
+            session,
             update(Job)
             .where(Job.id == due_id, Job.status.not_in(list(TERMINAL_JOB_STATUSES)))
-            .values(status=JobStatus.EXPIRED, error=error, finished_at=now)
-        ).rowcount
+            .values(status=JobStatus.EXPIRED, error=error, finished_at=now),
+        )
         if moved:
             session.execute(
                 update(Item)
@@ -269,7 +277,8 @@ def retry_failed_items(session: Session, *, job: Job, expires_at: datetime | Non
             f"job {job.id} ended {job.status}: only failed items of a live, completed or "
             "failed job are retried"
         )
-    retried = session.execute(
+    retried = changed_rows(
+        session,
         update(Item)
         .where(Item.job_id == job.id, Item.status == ItemStatus.FAILED)
         .values(
@@ -279,8 +288,8 @@ def retry_failed_items(session: Session, *, job: Job, expires_at: datetime | Non
             finished_at=None,
             claimed_by=None,
             lease_expires_at=None,
-        )
-    ).rowcount
+        ),
+    )
     if retried:
         values: dict[str, Any] = {"failed": Job.failed - retried}
         if job.status in TERMINAL_JOB_STATUSES:

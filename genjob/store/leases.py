@@ -13,14 +13,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import OPEN_ITEM_STATUSES, TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus, JobStatus
+from genjob.db import changed_rows
 from genjob.tables import Attempt, Item, Job, utcnow
 
 # What an open item of a job that ended becomes once the worker holding it is gone.
-ITEM_STATUS_FOR_ENDED_JOB = {JobStatus.CANCELLED: ItemStatus.CANCELLED, JobStatus.EXPIRED: ItemStatus.EXPIRED}
+ITEM_STATUS_FOR_ENDED_JOB: dict[str, ItemStatus] = {
+    JobStatus.CANCELLED: ItemStatus.CANCELLED,
+    JobStatus.EXPIRED: ItemStatus.EXPIRED,
+}
 
 
 def as_utc(value: datetime) -> datetime:
@@ -28,7 +32,7 @@ def as_utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def lease_is_free(now: datetime, *, worker: str | None = None):
+def lease_is_free(now: datetime, *, worker: str | None = None) -> ColumnElement[bool]:
     """SQL condition: the item is held by nobody, by ``worker``, or by a lease that ran out."""
     conditions = [Item.claimed_by.is_(None), Item.lease_expires_at <= now]
     if worker is not None:
@@ -59,24 +63,26 @@ def renew_leases(
 ) -> int:
     """Extend the leases ``worker`` still holds on these items (the heartbeat)."""
     now = now or utcnow()
-    return session.execute(
+    return changed_rows(
+        session,
         update(Item)
         .where(
             Item.id.in_(item_ids),
             Item.claimed_by == worker,
             Item.status.in_(list(OPEN_ITEM_STATUSES)),
         )
-        .values(lease_expires_at=now + timedelta(seconds=lease_s))
-    ).rowcount
+        .values(lease_expires_at=now + timedelta(seconds=lease_s)),
+    )
 
 
 def release_reservations(session: Session, *, item_ids: Sequence[int], worker: str) -> int:
     """Give back the pending items of a chunk that stopped early (cancelled, expired)."""
-    return session.execute(
+    return changed_rows(
+        session,
         update(Item)
         .where(Item.id.in_(item_ids), Item.claimed_by == worker, Item.status == ItemStatus.PENDING)
-        .values(claimed_by=None, lease_expires_at=None)
-    ).rowcount
+        .values(claimed_by=None, lease_expires_at=None),
+    )
 
 
 def close_open_attempts(session: Session, *, item_id: int, now: datetime) -> None:

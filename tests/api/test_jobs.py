@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 
 from genjob.api.app import create_app
 from genjob.db import session_scope
+from genjob.options import JobOptions
 from genjob.settings import Settings
 from genjob.tables import Item, Job
 
@@ -193,6 +194,21 @@ def test_multipart_without_the_file_part(client: TestClient) -> None:
             "max_new_tokens must be between 1 and 8192, got 0",
         ),
         ({"model": "tiny-plain", "mode": "draft"}, None, "mode 'draft' needs an assistant (draft) model"),
+        (
+            {"model": "tiny", "chunk_size": 0},
+            "chunk_size",
+            "chunk_size: Input should be greater than or equal to 1",
+        ),
+        (
+            {"model": "tiny", "top_p": 0, "seed": -1},
+            "top_p",
+            "top_p: Input should be greater than 0; seed: Input should be greater than or equal to 0",
+        ),
+        (
+            {"model": "tiny", "mode": "none", "assistant": "tiny-plain"},
+            None,
+            "mode 'none' takes no assistant model",
+        ),
     ],
 )
 def test_invalid_options_are_422(client: TestClient, params: dict, field: str | None, message: str) -> None:
@@ -222,6 +238,20 @@ def test_unknown_query_parameters_are_refused(client: TestClient) -> None:
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_request"
     assert response.json()["error"]["details"][0]["field"] == "max_new_token"
+
+
+def test_the_query_parameters_are_the_job_options(client: TestClient) -> None:
+    """One declaration (genjob.options.JobOptions): every option is a parameter, with its range."""
+    operation = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["post"]
+    parameters = {p["name"]: p for p in operation["parameters"] if p["in"] == "query"}
+    assert set(parameters) == set(JobOptions.model_fields)
+    assert parameters["model"]["required"] is True
+    assert parameters["draft_tokens"]["schema"]["maximum"] == 64
+
+
+def test_an_assistant_from_the_allow_list(client: TestClient, api_settings: Settings) -> None:
+    job = submit(client, model="tiny-plain", assistant="tiny")
+    assert (job["mode"], job["assistant"]) == ("draft", api_settings.model_entry("tiny").target)
 
 
 def test_list_newest_first_paginated_and_filtered(client: TestClient) -> None:

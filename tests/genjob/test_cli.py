@@ -13,6 +13,7 @@ from conftest import write_jsonl
 
 from genjob.cli import main
 from genjob.db import session_scope
+from genjob.options import JobOptions
 from genjob.tables import Job
 from genjob.worker.runners import RUNNERS
 
@@ -110,6 +111,36 @@ def test_draft_mode_needs_an_assistant(embedded_env: str, tmp_path: Path) -> Non
     write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "x"})])
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--mode", "draft"])
     assert result.output == "Error: invalid job options: mode 'draft' needs an assistant (draft) model\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--draft-tokens", "0"], "Invalid value for '--draft-tokens': 0 is not in the range 1<=x<=64."),
+        (["--top-p", "0"], "Invalid value for '--top-p': 0.0 is not in the range 0.0<x<=1.0."),
+        (
+            ["--mode", "fast"],
+            "Invalid value for '--mode': 'fast' is not one of 'draft', 'prompt-lookup', 'none'.",
+        ),
+        (
+            ["--name", "a\tb"],
+            "Invalid value for '--name': String should match pattern '^[^\\x00-\\x1f\\x7f]*$'",
+        ),
+    ],
+)
+def test_submit_options_are_checked_by_their_declaration(
+    embedded_env: str, tmp_path: Path, args: list[str], message: str
+) -> None:
+    """The options come from genjob.options.JobOptions: its ranges, choices and patterns apply."""
+    write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "x"})])
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", *args])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == f"Error: {message}"
+
+
+def test_every_job_option_is_a_submit_option() -> None:
+    names = {param.name for param in main.commands["submit"].params}
+    assert set(JobOptions.model_fields) <= names
 
 
 def test_every_command_has_help() -> None:
