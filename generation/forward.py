@@ -10,7 +10,7 @@ Must not know: the database, Celery, HTTP, the core.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -44,7 +44,11 @@ def cache_shapes(model: PreTrainedModel) -> list[tuple[int, int]]:
         model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
     if not all(type(layer) is DynamicLayer for layer in cache.layers):
         raise NotImplementedError("batched decoding supports full-attention (DynamicLayer) caches only")
-    return [(int(layer.keys.shape[1]), int(layer.keys.shape[3])) for layer in cache.layers]
+    shapes = []
+    for layer in cache.layers:
+        keys = cast(torch.Tensor, layer.keys)  # type: ignore[union-attr]
+        shapes.append((int(keys.shape[1]), int(keys.shape[3])))
+    return shapes
 
 
 def _attention_mask(model: PreTrainedModel, allowed: torch.Tensor) -> torch.Tensor:
@@ -96,6 +100,6 @@ def forward_rows(
     base = getattr(model, model.base_model_prefix)
     hidden = base(**arguments).last_hidden_state  # (rows, q, d)
     picked = hidden[torch.arange(n, device=hidden.device), last]  # (rows, d)
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
     assert head is not None, "a causal LM has an output head"
     return head(picked)  # type: ignore[no-any-return]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
-hf_logging.disable_progress_bar()
-hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 class ModelLoadError(RuntimeError):
@@ -52,7 +53,8 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> P
         )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {exc}") from exc
-    return model.to(target).eval()
+    loaded: Any = model  # transformers' to() and eval() are untyped
+    return cast(PreTrainedModel, loaded.to(target).eval())
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

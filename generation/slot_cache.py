@@ -37,18 +37,24 @@ class SlotLayer(DynamicLayer):
     """One layer's K/V for every slot; ``update`` writes at the cursor and returns the rows' views."""
 
     def __init__(self, cursor: Cursor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        super().__init__()
-        self.cursor, self.keys, self.values = cursor, keys, values
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.cursor = cursor
+        self.keys: torch.Tensor = keys
+        self.values: torch.Tensor = values
         self.device, self.is_initialized = keys.device, True
 
-    def update(  # type: ignore[override]
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
+
+    def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor  # key_states (rows, heads, q, head_dim)
+        keys, values = self.buffers()
         rows = torch.arange(c.start, c.stop, device=key_states.device)[:, None].expand_as(c.columns)
-        self.keys.transpose(1, 2)[rows, c.columns] = key_states.transpose(1, 2)
-        self.values.transpose(1, 2)[rows, c.columns] = value_states.transpose(1, 2)
-        return self.keys[c.start : c.stop, :, : c.width], self.values[c.start : c.stop, :, : c.width]
+        keys.transpose(1, 2)[rows, c.columns] = key_states.transpose(1, 2)
+        values.transpose(1, 2)[rows, c.columns] = value_states.transpose(1, 2)
+        return keys[c.start : c.stop, :, : c.width], values[c.start : c.stop, :, : c.width]
 
     def get_seq_length(self, *args: Any, **kwargs: Any) -> int:
         return self.cursor.width
@@ -60,25 +66,29 @@ class SlotCache(Cache):
     def __init__(self, shapes: list[tuple[int, int]], *, dtype: torch.dtype, device: torch.device) -> None:
         """``shapes``: (heads, head_dim) of each layer's keys (values have the same)."""
         self.cursor = Cursor()
-        layers = []
-        for heads, head_dim in shapes:
-            empty = torch.zeros(0, heads, 0, head_dim, dtype=dtype, device=device)
-            layers.append(SlotLayer(self.cursor, empty, empty.clone()))
-        super().__init__(layers=layers)
+        self.slot_layers = [
+            SlotLayer(
+                self.cursor,
+                torch.zeros(0, heads, 0, head_dim, dtype=dtype, device=device),
+                torch.zeros(0, heads, 0, head_dim, dtype=dtype, device=device),
+            )
+            for heads, head_dim in shapes
+        ]
+        super().__init__(layers=list(self.slot_layers))
 
     @property
     def slots(self) -> int:
-        return int(self.layers[0].keys.shape[0])
+        return int(self.slot_layers[0].buffers()[0].shape[0])
 
     @property
     def capacity(self) -> int:
-        return int(self.layers[0].keys.shape[2])
+        return int(self.slot_layers[0].buffers()[0].shape[2])
 
     def bytes_per_token(self) -> int:
         """K and V of one token in every layer."""
         total = 0
-        for layer in self.layers:
-            keys = layer.keys
+        for layer in self.slot_layers:
+            keys = layer.buffers()[0]
             total += 2 * keys.shape[1] * keys.shape[3] * keys.element_size()
         return int(total)
 
@@ -87,21 +97,22 @@ class SlotCache(Cache):
         if slots <= self.slots and capacity <= self.capacity:
             return
         slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
-        for layer in self.layers:
-            for name in ("keys", "values"):
-                old = getattr(layer, name)
+        for layer in self.slot_layers:
+            grown = []
+            for old in layer.buffers():
                 new = old.new_zeros(slots, old.shape[1], capacity, old.shape[3])  # zeros: finite
                 new[: old.shape[0], :, : old.shape[2]] = old
-                setattr(layer, name, new)
+                grown.append(new)
+            layer.keys, layer.values = grown
 
     def move(self, source: int, target: int, columns: int) -> None:
         """Copy the first ``columns`` columns of slot ``source`` into slot ``target``."""
-        for layer in self.layers:
-            layer.keys[target, :, :columns] = layer.keys[source, :, :columns]
-            layer.values[target, :, :columns] = layer.values[source, :, :columns]
+        for layer in self.slot_layers:
+            for buffer in layer.buffers():
+                buffer[target, :, :columns] = buffer[source, :, :columns]
 
     def release(self) -> None:
         """Drop the buffers (after an out-of-memory error, say); ``reserve`` allocates them again."""
-        for layer in self.layers:
-            layer.keys = layer.keys[:0, :, :0].clone()
-            layer.values = layer.values[:0, :, :0].clone()
+        for layer in self.slot_layers:
+            keys, values = layer.buffers()
+            layer.keys, layer.values = keys[:0, :, :0].clone(), values[:0, :, :0].clone()

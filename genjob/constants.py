@@ -60,6 +60,11 @@ class DecodingMode(StrEnum):
 
 
 class DraftSchedule(StrEnum):
+    """How γ is chosen each round: the most expected tokens per second (goodput, 0..γmax), or γ fixed.
+
+    ``heuristic`` is the old name of goodput, still accepted."""
+
+    GOODPUT = "goodput"
     CONSTANT = "constant"
     HEURISTIC = "heuristic"
 

@@ -25,13 +25,21 @@ class DecodingOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    draft_tokens: int = Field(default=5, ge=1, le=64, description="γ: draft tokens proposed per round.")
+    draft_tokens: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="γmax: the most draft tokens a round proposes (goodput picks 0..γmax each round; "
+        "constant proposes exactly this many).",
+    )
     schedule: DraftSchedule = Field(
-        default=DraftSchedule.HEURISTIC,
-        description="How γ adapts to the hit rate (heuristic carries across the job's items).",
+        default=DraftSchedule.GOODPUT,
+        description="goodput: each round the γ with the most expected tokens per second from the "
+        "measured costs and acceptance (0 = plain decoding); constant: always --draft-tokens "
+        "(heuristic: the old name of goodput).",
     )
     prompt_lookup_tokens: int = Field(
-        default=10, ge=1, le=64, description="Tokens proposed per round in mode prompt-lookup."
+        default=10, ge=1, le=64, description="γmax in mode prompt-lookup: the most tokens a round proposes."
     )
     temperature: float = Field(default=0.0, ge=0.0, le=10.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
@@ -42,14 +50,15 @@ class DecodingOptions(BaseModel):
         default=None,
         ge=1,
         le=256,
-        description="Prompts decoded together per forward pass (greedy draft and none modes; default: "
+        description="Prompts decoded together per forward pass, in every mode (default: "
         "GENJOB_BATCH_SIZE, else a probe of the device); 1 decodes one prompt at a time.",
     )
     baseline_fraction: float = Field(
         default=0.05,
         ge=0.0,
         le=1.0,
-        description="Share of items also decoded plainly to measure the speedup.",
+        description="Share of rounds decoded plainly to measure the speedup (probe rounds), and of "
+        "greedy items checked against plain decoding (the lossless rate).",
     )
 
     def decoding(self) -> dict[str, Any]:

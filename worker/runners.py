@@ -97,7 +97,8 @@ class JobRunner:
             proposer = DraftModel(load_model(draft, device, dtype))
         elif spec.mode is DecodingMode.PROMPT_LOOKUP:
             proposer = PromptLookup(max_ngram=3)
-        k_max = spec.draft_tokens if proposer is not None else 0
+        gamma = spec.prompt_lookup_tokens if spec.mode is DecodingMode.PROMPT_LOOKUP else spec.draft_tokens
+        k_max = gamma if proposer is not None else 0
         batch = batch_size_for(spec, settings)
         if batch is None:
             probe = measured_costs(spec.model, draft, device, dtype, LARGEST_PROBED_BATCH, k_max)
@@ -110,7 +111,7 @@ class JobRunner:
             proposer,
             max_rows=batch,
             k_max=k_max,
-            fixed_k=spec.draft_tokens if spec.schedule is DraftSchedule.CONSTANT and proposer else None,
+            fixed_k=gamma if spec.schedule is DraftSchedule.CONSTANT and proposer else None,
             costs=measured_costs(spec.model, draft, device, dtype, batch, k_max),
             probe_every=probe_every,
             kv_budget_bytes=settings.kv_cache_bytes,

@@ -10,6 +10,7 @@ Create Date: 2026-12-03 10:00:00.000000
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -55,12 +56,13 @@ SELECT
         THEN (busy_seconds - decode_seconds + decode_tokens * probe_seconds / probe_tokens) / busy_seconds
         END AS measured_speedup,
     expected_speedup,
-    CASE WHEN lossless_checked > 0 THEN CAST(lossless_matches AS FLOAT) / lossless_checked END AS lossless_rate,
+    CASE WHEN lossless_checked > 0
+        THEN CAST(lossless_matches AS FLOAT) / lossless_checked END AS lossless_rate,
     cost_ratio, draft_tokens
 FROM jobs
 """
 
-JOB_COLUMNS = [
+JOB_COLUMNS: list[tuple[str, Any, Any]] = [
     ("draft_rejections", sa.BigInteger(), "0"),
     ("decode_rounds", sa.BigInteger(), "0"),
     ("decode_rows", sa.BigInteger(), "0"),
@@ -75,7 +77,7 @@ JOB_COLUMNS = [
     ("lossless_checked", sa.Integer(), "0"),
     ("lossless_matches", sa.Integer(), "0"),
 ]
-OLD_JOB_COLUMNS = [
+OLD_JOB_COLUMNS: list[tuple[str, Any, Any]] = [
     ("baseline_items", sa.Integer(), "0"),
     ("baseline_seconds", sa.Float(), "0"),
     ("baseline_assisted_seconds", sa.Float(), "0"),
