@@ -18,7 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from genjob import __version__
 from genjob.api.deps import is_loopback
 from genjob.api.errors import install_error_handlers
-from genjob.api.routes import health, jobs
+from genjob.api.metrics import install_metrics
+from genjob.api.routes import health, jobs, metrics, results
 from genjob.settings import Settings, get_settings
 from genjob.submit import prepare_database
 
@@ -62,8 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_metrics(app, settings)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(results.router)
+    app.include_router(metrics.router)
     app.openapi = lambda: _openapi_with_model_names(app)  # type: ignore[method-assign]  # FastAPI's way
     return app
 

@@ -3,12 +3,19 @@
 Shared by the CLI and the API so that both build the same job from the same options. A name from
 the allow-list resolves to its target and draft; the API accepts nothing else (a job cannot point
 the workers at an arbitrary path), the CLI, run by whoever runs the workers, also accepts paths.
+Relative paths in the allow-list are resolved against ``GENJOB_MODELS_DIR`` (default: the directory
+the submitting process runs in) and stored absolute on the job, so workers started anywhere load the
+same files. A name that is neither listed nor an existing path, but close to a listed one, is
+refused with a suggestion rather than sent to the workers as a hub id.
 Must not know: click, FastAPI, torch, the workers.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,16 +49,56 @@ def parse_job_options(options: Mapping[str, Any]) -> JobOptions:
         raise JobOptionsError.of(exc.errors()) from exc
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def models_base(settings: Settings) -> Path:
+    """Where relative paths of the allow-list start from: GENJOB_MODELS_DIR, else this directory."""
+    return Path(settings.models_dir or ".").absolute()
+
+
+def _absolute(location: str, base: Path) -> str:
+    """A relative path of the allow-list made absolute; hub ids (``org/name``) and absolute paths kept.
+
+    A location is a path when it starts with ``.`` or ``~``, has more than one ``/``, or exists under
+    ``base``; otherwise it is a hub id.
+    """
+    if location.startswith("/"):
+        return location
+    if location.startswith("~"):
+        return str(Path(location).expanduser())
+    under_base = base / location
+    if location.startswith(".") or not HUB_ID.match(location) or under_base.exists():
+        return str(Path(under_base).resolve())
+    return location
+
+
+def _suggestion(settings: Settings, name: str) -> str:
+    close = difflib.get_close_matches(name, [entry.name for entry in settings.models], n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
 def resolve_model(settings: Settings, name: str, *, allow_paths: bool) -> ModelEntry:
-    """The allow-list entry called ``name``; else, if ``allow_paths``, ``name`` itself as a target."""
+    """The allow-list entry called ``name`` (its relative paths made absolute against ``models_base``);
+    else, if ``allow_paths``, ``name`` itself as a target: a path or a hub id."""
     entry = settings.model_entry(name)
+    names = ", ".join(e.name for e in settings.models)
     if entry is not None:
-        return entry
+        base = models_base(settings)
+        draft = _absolute(entry.draft, base) if entry.draft else None
+        return entry.model_copy(update={"target": _absolute(entry.target, base), "draft": draft})
+    suggestion = _suggestion(settings, name)
     if not allow_paths:
-        names = ", ".join(e.name for e in settings.models)
         known = f"one of: {names}" if names else "none are configured (GENJOB_MODELS)"
         raise JobOptionsError(
-            f"unknown model {name!r}: models are named from the allow-list, {known}", field="model"
+            f"unknown model {name!r}: {suggestion}models are named from the allow-list, {known}",
+            field="model",
+        )
+    if suggestion and not Path(name).exists():
+        raise JobOptionsError(
+            f"unknown model {name!r}: {suggestion}(GENJOB_MODELS lists: {names}; or give a path or hub id "
+            "that exists)",
+            field="model",
         )
     return ModelEntry.model_construct(name=name, target=name, draft=None)  # a path, not a listed name
 

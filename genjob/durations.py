@@ -7,6 +7,7 @@ from datetime import timedelta
 
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+MAX_DAYS = 3660  # ten years: longer is a typo (and past what a date can hold)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -18,4 +19,6 @@ def parse_duration(text: str) -> timedelta:
     seconds = sum(float(number) * UNIT_SECONDS[unit] for number, unit in parts)
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
+    if seconds > MAX_DAYS * UNIT_SECONDS["d"]:
+        raise ValueError(f"{text!r} is too long: at most {MAX_DAYS}d")
     return timedelta(seconds=seconds)

@@ -72,3 +72,28 @@ def publish_pending(settings: Settings, *, job_id: str, chunk_size: int) -> int:
             session, job_id=job_id, chunk_size=chunk_size, unleased_at=utcnow()
         )
         return publish_chunks(producer_app(settings.broker_url), job_id=job_id, queue=queue, chunks=chunks)
+
+
+PRIORITY_SEPARATOR = "\x06\x16"  # kombu's Redis transport keeps priority levels in lists `queue␆␖N`
+
+
+def queue_depths(broker_url: str, queues: Iterable[str]) -> dict[str, int]:
+    """Task messages waiting in each queue (Redis brokers; empty for others or when it is down)."""
+    if not broker_url.startswith(("redis://", "rediss://")):
+        return {}
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        depths = {}
+        for queue in sorted(set(queues)):
+            keys = [queue, *(f"{queue}{PRIORITY_SEPARATOR}{level}" for level in (3, 6, 9))]
+            pipe = client.pipeline()
+            for key in keys:
+                pipe.llen(key)
+            depths[queue] = sum(pipe.execute())
+        return depths
+    except redis.RedisError:
+        return {}
+    finally:
+        client.close()

@@ -100,6 +100,23 @@ class Settings(BaseSettings):
     )
     api_host: str = Field(default=LOCAL_API_HOST, description="Address `genjob api` listens on.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port `genjob api` listens on.")
+    models_dir: str | None = Field(
+        default=None,
+        description="Base of relative paths in GENJOB_MODELS (default: the directory the submitting "
+        "command or the API runs in); jobs store the absolute path.",
+    )
+    queue_idle_warn_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="`--wait` and `genjob wait` warn when no worker has taken anything from the job's "
+        "queue for this long.",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port a worker serves its Prometheus metrics on (`genjob worker --metrics-port`).",
+    )
     models: Annotated[tuple[ModelEntry, ...], NoDecode] = Field(
         default=(),
         description='Model allow-list, a JSON object: {"name": {"target": "path or id", "draft": "…"}} '

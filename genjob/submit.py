@@ -9,6 +9,7 @@ Must not know: torch, transformers, Celery's workers, HTTP.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import BinaryIO
 from genjob import store
 from genjob.constants import InputFormat
 from genjob.db import ensure_schema, session_scope
-from genjob.formats.lines import InputLimits, check_file_size
+from genjob.formats.lines import InputLimits
 from genjob.formats.reader import check_prompts, valid_prompts
+from genjob.formats.sources import open_prompt_source
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.options import JobSpec
 from genjob.settings import Settings
@@ -52,10 +54,14 @@ def store_job(
     name: str | None = None,
     expires_at: datetime | None = None,
     input_format: InputFormat = InputFormat.GENJOB,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Submitted:
-    """Validate the whole file, then insert the job and its items in one transaction."""
-    check_file_size(path, limits=input_limits(settings))
-    with path.open("rb") as stream:
+    """Validate the whole file, then insert the job and its items in one transaction.
+
+    ``path`` may be a pipe or ``-`` (standard input): it is read once into a bounded spool
+    (``genjob.formats.sources``); a directory, a device or a silent named pipe is refused.
+    """
+    with open_prompt_source(path, limits=input_limits(settings)) as stream:
         return store_job_stream(
             settings,
             stream=stream,
@@ -65,6 +71,7 @@ def store_job(
             name=name,
             expires_at=expires_at,
             input_format=input_format,
+            on_phase=on_phase,
         )
 
 
@@ -78,14 +85,17 @@ def store_job_stream(
     name: str | None = None,
     expires_at: datetime | None = None,
     input_format: InputFormat = InputFormat.GENJOB,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Submitted:
     """``store_job`` on a seekable binary stream (an upload spooled by the API), read twice.
 
     Chat messages (OpenAI lines) are rendered here by ``tokenizer`` (the target's chat template), so
     the items hold prompt text whichever way they came; prompts are checked against the model's
-    context here when the tokenizer can tell.
+    context here when the tokenizer can tell. ``on_phase`` hears "validating", then "storing".
     """
+    phase = on_phase or (lambda _name: None)
     limits = input_limits(settings)
+    phase("validating")
     start = stream.tell()
     summary = check_prompts(
         stream,
@@ -101,6 +111,7 @@ def store_job_stream(
     items = valid_prompts(
         stream, source=source, limits=limits, input_format=input_format, tokenizer=tokenizer
     )
+    phase("storing")
     with session_scope(settings.database_url) as session:
         job = store.create_job(
             session, spec=spec, items=items, queue=settings.queue, name=name, expires_at=expires_at

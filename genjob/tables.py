@@ -1,7 +1,8 @@
 """SQLAlchemy models: jobs, their items (one per input line), results and attempts.
 
 The schema is owned by Alembic (``migrations/``); nothing calls ``create_all`` outside the
-tests of these models. Users query these tables and the ``job_stats`` view with psql.
+tests of these models. Users query these tables and the ``job_stats`` view with psql: every column
+carries a comment (psql's ``\\d+ jobs`` shows them), which Alembic writes to the database (``COMMENT ON``).
 """
 
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -33,6 +35,8 @@ NAMING_CONVENTION = {
 
 # SQLite only auto-increments INTEGER PRIMARY KEY, not BIGINT.
 BigId = BigInteger().with_variant(Integer, "sqlite")
+# jsonb on Postgres (indexable, comparable); JSON text on SQLite.
+Json = JSON().with_variant(JSONB(), "postgresql")
 
 
 def utcnow() -> datetime:
@@ -45,53 +49,89 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = ({"comment": "A submitted prompt file: its options, state, counters and engine sums."},)
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str | None] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(16), index=True)
-    model: Mapped[str] = mapped_column(String(500))
-    assistant: Mapped[str | None] = mapped_column(String(500))
-    mode: Mapped[str] = mapped_column(String(16))
-    queue: Mapped[str] = mapped_column(String(100))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON, doc="Generation options (genjob.options.JobSpec).")
-    total: Mapped[int] = mapped_column(Integer, default=0)
-    done: Mapped[int] = mapped_column(Integer, default=0)
-    failed: Mapped[int] = mapped_column(Integer, default=0)
-    error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, comment="Job id (12 hex digits).")
+    name: Mapped[str | None] = mapped_column(String(200), comment="The name given at submit (--name).")
+    status: Mapped[str] = mapped_column(
+        String(16), index=True, comment="queued, running, completed, failed, cancelled or expired."
+    )
+    model: Mapped[str] = mapped_column(String(500), comment="Target model as the workers load it.")
+    assistant: Mapped[str | None] = mapped_column(String(500), comment="Draft model (mode draft).")
+    mode: Mapped[str] = mapped_column(String(16), comment="Decoding mode: draft, prompt-lookup or none.")
+    queue: Mapped[str] = mapped_column(String(100), comment="Queue the job's chunks go to.")
+    spec: Mapped[dict[str, Any]] = mapped_column(Json, comment="Generation options (genjob.options.JobSpec).")
+    total: Mapped[int] = mapped_column(Integer, default=0, comment="Items (prompts) in the job.")
+    done: Mapped[int] = mapped_column(Integer, default=0, comment="Items finished with a result.")
+    failed: Mapped[int] = mapped_column(Integer, default=0, comment="Items failed for good.")
+    error: Mapped[str | None] = mapped_column(Text, comment="Why the job failed or expired.")
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, comment="When it was submitted."
+    )
+    started_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="When a worker first took it."
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), comment="When it ended.")
+    expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="Deadline (--expire-after): then it ends expired."
+    )
     # Aggregates over finished items, kept in step with item results (sums, not averages).
-    new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    target_rounds: Mapped[int] = mapped_column(BigInteger, default=0)
-    draft_proposed: Mapped[int] = mapped_column(BigInteger, default=0)
-    draft_accepted: Mapped[int] = mapped_column(BigInteger, default=0)
-    generate_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    new_tokens: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ new tokens of done items.")
+    target_rounds: Mapped[int] = mapped_column(
+        BigInteger, default=0, comment="Σ target forward passes of done items."
+    )
+    draft_proposed: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ draft tokens proposed.")
+    draft_accepted: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ draft tokens accepted.")
+    generate_seconds: Mapped[float] = mapped_column(
+        Float, default=0.0, comment="Σ item latencies (each item's share of its batch's time)."
+    )
     draft_rejections: Mapped[int] = mapped_column(
         BigInteger,
         default=0,
-        doc="Rounds whose first refused draft was tested: α = accepted / (accepted + this).",
+        comment="Rounds whose first refused draft was tested: α = accepted / (accepted + this).",
     )
     # What the workers' engines measured (sums over chunks): the rounds they ran, the plain probe
     # rounds among them (decoded without drafts, same batch: the measured speedup), the prefills.
-    decode_rounds: Mapped[int] = mapped_column(BigInteger, default=0)
-    decode_rows: Mapped[int] = mapped_column(BigInteger, default=0, doc="Σ batch size over rounds.")
-    decode_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    decode_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    probe_rounds: Mapped[int] = mapped_column(BigInteger, default=0)
-    probe_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    probe_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    probe_sq: Mapped[float] = mapped_column(Float, default=0.0, doc="Σ (probe round seconds per token)².")
-    prefill_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    busy_seconds: Mapped[float] = mapped_column(Float, default=0.0, doc="Σ worker time on the job's chunks.")
-    gamma_hist: Mapped[dict[str, int] | None] = mapped_column(JSON, doc="Rounds by draft length k.")
-    costs: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc="Forward costs measured on a worker.")
-    expected_speedup: Mapped[float | None] = mapped_column(Float)
-    lossless_checked: Mapped[int] = mapped_column(Integer, default=0, doc="Items also decoded plainly.")
-    lossless_matches: Mapped[int] = mapped_column(Integer, default=0)
-    cost_ratio: Mapped[float | None] = mapped_column(Float, doc="c = draft step / target step, mean batch.")
-    draft_tokens: Mapped[int | None] = mapped_column(Integer, doc="γ: draft length last used.")
+    decode_rounds: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ decoding rounds.")
+    decode_rows: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ batch size over rounds.")
+    decode_tokens: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ tokens the rounds made.")
+    decode_seconds: Mapped[float] = mapped_column(Float, default=0.0, comment="Σ seconds of the rounds.")
+    probe_rounds: Mapped[int] = mapped_column(
+        BigInteger, default=0, comment="Rounds decoded plainly to measure the speedup."
+    )
+    probe_tokens: Mapped[int] = mapped_column(BigInteger, default=0, comment="Σ tokens of probe rounds.")
+    probe_seconds: Mapped[float] = mapped_column(Float, default=0.0, comment="Σ seconds of probe rounds.")
+    probe_sq: Mapped[float] = mapped_column(Float, default=0.0, comment="Σ (probe round seconds per token)².")
+    prefill_seconds: Mapped[float] = mapped_column(Float, default=0.0, comment="Σ seconds of prefills.")
+    busy_seconds: Mapped[float] = mapped_column(
+        Float, default=0.0, comment="Σ worker time on the job's chunks."
+    )
+    gamma_hist: Mapped[dict[str, int] | None] = mapped_column(Json, comment="Rounds by draft length k.")
+    costs: Mapped[dict[str, Any] | None] = mapped_column(
+        Json, comment="Forward costs measured on a worker (ms)."
+    )
+    expected_speedup: Mapped[float | None] = mapped_column(
+        Float, comment="Leviathan et al.'s expected speedup from α, γ and the measured costs."
+    )
+    lossless_checked: Mapped[int] = mapped_column(
+        Integer, default=0, comment="Greedy items also decoded plainly."
+    )
+    lossless_matches: Mapped[int] = mapped_column(
+        Integer, default=0, comment="Of those, items whose output matched the plain one."
+    )
+    cost_ratio: Mapped[float | None] = mapped_column(
+        Float, comment="c = draft step / target step, mean batch."
+    )
+    draft_tokens: Mapped[int | None] = mapped_column(Integer, comment="γ: draft length last used.")
+    model_revision: Mapped[str | None] = mapped_column(
+        String(100), comment="The target's hub commit, or sha256 of its weight files (first worker)."
+    )
+    assistant_revision: Mapped[str | None] = mapped_column(
+        String(100), comment="The draft's hub commit, or sha256 of its weight files."
+    )
+    versions: Mapped[dict[str, str] | None] = mapped_column(
+        Json, comment="Library versions of the first worker that ran it (python, torch, transformers…)."
+    )
 
 
 class Item(Base):
@@ -103,63 +143,101 @@ class Item(Base):
         UniqueConstraint("job_id", "custom_id"),
         Index("ix_items_job_id_status", "job_id", "status"),
         Index("ix_items_lease_expires_at", "lease_expires_at"),
+        {"comment": "One prompt (input line) of a job."},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    seq: Mapped[int] = mapped_column(Integer)
-    line: Mapped[int] = mapped_column(Integer, doc="Line number in the submitted file.")
-    custom_id: Mapped[str | None] = mapped_column(String(200))
-    prompt: Mapped[str] = mapped_column(Text)
-    max_new_tokens: Mapped[int | None] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="pending")
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    error: Mapped[str | None] = mapped_column(Text)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True, comment="Item id.")
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), comment="Its job.")
+    seq: Mapped[int] = mapped_column(Integer, comment="Position among the file's prompts, from 0.")
+    line: Mapped[int] = mapped_column(Integer, comment="Line number in the submitted file.")
+    custom_id: Mapped[str | None] = mapped_column(String(200), comment="The line's id (custom_id).")
+    prompt: Mapped[str] = mapped_column(Text, comment="Prompt text (chat messages rendered at submit).")
+    max_new_tokens: Mapped[int | None] = mapped_column(
+        Integer, comment="The line's own limit; null: the job's."
+    )
+    status: Mapped[str] = mapped_column(
+        String(16), default="pending", comment="pending, running, done, failed, cancelled or expired."
+    )
+    attempts: Mapped[int] = mapped_column(
+        Integer, default=0, comment="Tries so far; the fencing token of the running try."
+    )
+    error: Mapped[str | None] = mapped_column(Text, comment="Last error.")
+    started_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="When its last try started."
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="When it became final."
+    )
     # The lease: the worker process that holds the item (queued to it or running there) and until
     # when; renewed while it lives, taken back by the sweeper once it runs out. ``attempts`` is
     # the fencing token: only the attempt that claimed the item last may finish it.
-    claimed_by: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claimed_by: Mapped[str | None] = mapped_column(
+        String(200), comment="Worker process holding its lease (host/pid)."
+    )
+    lease_expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="Lease end; after it the sweeper takes the item back."
+    )
 
 
 class Result(Base):
     """The output of one finished item; unique per (job, item) so redelivered chunks upsert."""
 
     __tablename__ = "results"
-    __table_args__ = (UniqueConstraint("job_id", "item_id"),)
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
-    output: Mapped[str] = mapped_column(Text)
-    finish_reason: Mapped[str] = mapped_column(String(16), doc="'length' or 'stop' (EOS).")
-    mode: Mapped[str] = mapped_column(String(16), doc="Decoding mode actually used.")
-    prompt_tokens: Mapped[int] = mapped_column(Integer)
-    new_tokens: Mapped[int] = mapped_column(Integer)
-    target_rounds: Mapped[int] = mapped_column(Integer, doc="Target forward passes (verification rounds).")
-    draft_proposed: Mapped[int] = mapped_column(Integer)
-    draft_accepted: Mapped[int] = mapped_column(Integer)
-    draft_rejections: Mapped[int] = mapped_column(Integer, default=0)
-    gamma_mean: Mapped[float | None] = mapped_column(Float, doc="Mean draft length of its rounds.")
-    latency_s: Mapped[float] = mapped_column(Float)
-    lossless_match: Mapped[bool | None] = mapped_column(
-        Boolean, doc="Sampled greedy items: output == the same item decoded without drafts."
+    __table_args__ = (
+        UniqueConstraint("job_id", "item_id"),
+        {"comment": "The output of a done item, with its decoding measurements."},
     )
-    worker: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True, comment="Result id.")
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True, comment="Its job."
+    )
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"), comment="Its item.")
+    output: Mapped[str] = mapped_column(Text, comment="Generated text.")
+    finish_reason: Mapped[str] = mapped_column(String(16), comment="'length' or 'stop' (EOS).")
+    mode: Mapped[str] = mapped_column(String(16), comment="Decoding mode actually used.")
+    prompt_tokens: Mapped[int] = mapped_column(Integer, comment="Tokens of the prompt.")
+    new_tokens: Mapped[int] = mapped_column(Integer, comment="Tokens generated.")
+    target_rounds: Mapped[int] = mapped_column(
+        Integer, comment="Target forward passes (verification rounds)."
+    )
+    draft_proposed: Mapped[int] = mapped_column(Integer, comment="Draft tokens proposed.")
+    draft_accepted: Mapped[int] = mapped_column(Integer, comment="Draft tokens accepted.")
+    draft_rejections: Mapped[int] = mapped_column(
+        Integer, default=0, comment="Rounds ended by a refused draft token."
+    )
+    gamma_mean: Mapped[float | None] = mapped_column(Float, comment="Mean draft length of its rounds.")
+    latency_s: Mapped[float] = mapped_column(Float, comment="Its share of its batch's time (seconds).")
+    lossless_match: Mapped[bool | None] = mapped_column(
+        Boolean, comment="Sampled greedy items: output == the same item decoded without drafts."
+    )
+    worker: Mapped[str | None] = mapped_column(String(200), comment="Worker that produced it.")
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, comment="When it was written."
+    )
 
 
 class Attempt(Base):
     """One try of one item by one worker: lets us prove no two attempts overlap in time."""
 
     __tablename__ = "attempts"
+    __table_args__ = ({"comment": "One try of one item by one worker process."},)
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"), index=True)
-    worker: Mapped[str | None] = mapped_column(String(200))
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    outcome: Mapped[str | None] = mapped_column(String(16))
-    error: Mapped[str | None] = mapped_column(Text)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True, comment="Attempt id.")
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True, comment="The item's job."
+    )
+    item_id: Mapped[int] = mapped_column(
+        ForeignKey("items.id", ondelete="CASCADE"), index=True, comment="The item tried."
+    )
+    worker: Mapped[str | None] = mapped_column(String(200), comment="Worker process (host/pid).")
+    started_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, comment="When the try started."
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="When it ended; null while it runs."
+    )
+    outcome: Mapped[str | None] = mapped_column(
+        String(16), comment="done, failed, retried, lost or superseded."
+    )
+    error: Mapped[str | None] = mapped_column(Text, comment="Its error.")

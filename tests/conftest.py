@@ -104,3 +104,16 @@ def embedded_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def write_jsonl(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def scripted_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The models replaced by the scripted stand-in (tests/doubles/model_doubles.py), in this process."""
+    from genjob.worker.runners import RUNNERS
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "doubles"))
+    from model_doubles import scripted_runner
+
+    monkeypatch.setattr(RUNNERS, "build", scripted_runner)
+    monkeypatch.setenv("GENJOB_RETRY_BACKOFF_S", "0")
+    monkeypatch.setenv("GENJOB_BATCH_SIZE", "1")

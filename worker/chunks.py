@@ -33,6 +33,8 @@ from genjob.store import leases
 from genjob.tables import Job
 from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop
 from genjob.worker.leasing import LeaseKeeper, lease_holder
+from genjob.worker.metrics import metered
+from genjob.worker.provenance import note_once
 from genjob.worker.runners import RUNNERS, JobRunner
 
 log = logging.getLogger(__name__)
@@ -40,8 +42,8 @@ log = logging.getLogger(__name__)
 
 def _open_chunk(
     session: Session, *, job_id: str, item_ids: list[int], holder: str, settings: Settings
-) -> tuple[JobSpec, list[int]] | None:
-    """(spec, the chunk's items now leased to us, in order), or None if the job ended."""
+) -> tuple[JobSpec, list[int], str] | None:
+    """(spec, the chunk's items now leased to us, in order, the job's queue), or None if the job ended."""
     job = session.get(Job, job_id)
     if job is None or job.status in TERMINAL_JOB_STATUSES:
         return None
@@ -50,7 +52,7 @@ def _open_chunk(
     store.mark_job_running(session, job_id=job_id)
     reserved = leases.reserve_items(session, item_ids=item_ids, worker=holder, lease_s=settings.lease_s)
     spec = JobSpec.model_validate(job.spec)
-    return spec, [item_id for item_id in item_ids if item_id in reserved]
+    return spec, [item_id for item_id in item_ids if item_id in reserved], job.queue
 
 
 def measurements(
@@ -115,7 +117,7 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
     if opened is None:
         outcome.skipped, outcome.stopped = len(item_ids), True
         return outcome
-    spec, mine = opened
+    spec, mine, queue = opened
     outcome.skipped = len(item_ids) - len(mine)  # final, or held by another live worker
     if not mine:
         tx(store.finalize_job, job_id=job_id)
@@ -132,8 +134,11 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
             tx(store.fail_job, job_id=job_id, error=str(exc))
             outcome.stopped = True
             return outcome
+        note_once(tx, job_id=job_id, spec=spec)
         context = ChunkContext(settings=settings, job_id=job_id, holder=holder, worker=worker, tx=tx)
-        ItemLoop(runner, context, outcome).run(mine)
+        labels = {"model": spec.model, "queue": queue, "mode": spec.mode.value, "worker": worker}
+        with metered(runner.engine, outcome, **labels):
+            ItemLoop(runner, context, outcome).run(mine)
         engine = getattr(runner, "engine", None)
         if engine is not None:
             busy = time.perf_counter() - started

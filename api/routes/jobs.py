@@ -1,4 +1,4 @@
-"""``/v1/jobs``: submit a JSONL upload as a job, list and read jobs, stream results, cancel, requeue.
+"""``/v1/jobs``: submit a JSONL upload as a job, list and read jobs, cancel, requeue (results: ``results``).
 
 Submitting goes through the same code as ``genjob submit`` (its options are ``genjob.options.JobOptions``
 as query parameters, then ``genjob.catalog.job_spec`` and ``genjob.submit.store_job_stream``), so a job
@@ -7,11 +7,9 @@ is the same row whichever way it came in.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Response
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from genjob import store
@@ -22,7 +20,6 @@ from genjob.api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
 from genjob.catalog import JobOptionsError, job_spec
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
-from genjob.formats.export import ResultFormat, export_job
 from genjob.formats.lines import InputFileError
 from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.options import JobOptions
@@ -31,13 +28,6 @@ from genjob.settings import Settings
 from genjob.submit import store_job_stream
 from genjob.tables import Job
 from genjob.worker.enqueue import enqueue_job
-
-STREAM_CHUNK_CHARS = 64 << 10
-MEDIA_TYPES = {
-    ResultFormat.JSONL: "application/jsonl",
-    ResultFormat.CSV: "text/csv",
-    ResultFormat.OPENAI: "application/jsonl",
-}
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -111,6 +101,7 @@ async def create_job(
             )
         except InputFileError as exc:
             raise ApiError.invalid_input(exc) from exc
+    request.app.state.metrics.jobs_submitted.labels(options.model).inc()
     await _enqueue(settings, submitted.job_id, options.chunk_size or settings.chunk_size, background)
     job = await run_in_threadpool(_load_job, settings, submitted.job_id)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
@@ -137,56 +128,6 @@ def list_jobs(
 @router.get("/{job_id}", summary="A job: status, counts, stats and speedup", responses=error_responses(404))
 def get_job(job: JobDep) -> JobOut:
     return JobOut.of(job)
-
-
-def _batched(chunks: Iterator[str]) -> Iterator[str]:
-    buffer: list[str] = []
-    size = 0
-    for chunk in chunks:
-        buffer.append(chunk)
-        size += len(chunk)
-        if size >= STREAM_CHUNK_CHARS:
-            yield "".join(buffer)
-            buffer, size = [], 0
-    if buffer:
-        yield "".join(buffer)
-
-
-def _export(settings: Settings, job_id: str, fmt: ResultFormat) -> Iterator[str]:
-    with session_scope(settings.database_url) as session:
-        job = session.get_one(Job, job_id)
-        yield from _batched(export_job(session, job=job, fmt=fmt))
-
-
-@router.get(
-    "/{job_id}/results",
-    summary="Stream a job's results in input order",
-    response_class=StreamingResponse,
-    responses={
-        200: {
-            "description": "One record per item in input order (JSONL, CSV, or OpenAI batch lines).",
-            "content": {
-                "application/jsonl": {"schema": {"type": "string"}},
-                "text/csv": {"schema": {"type": "string"}},
-            },
-        },
-        **error_responses(404),
-    },
-)
-def job_results(
-    job: JobDep,
-    settings: SettingsDep,
-    fmt: Annotated[
-        ResultFormat, Query(alias="format", description="jsonl, csv or openai.")
-    ] = ResultFormat.JSONL,
-) -> StreamingResponse:
-    """The same records as `genjob results`; items not finished yet appear with their status."""
-    filename = f"{job.id}.{'csv' if fmt is ResultFormat.CSV else 'jsonl'}"
-    return StreamingResponse(
-        _export(settings, job.id, fmt),
-        media_type=MEDIA_TYPES[fmt],
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
-    )
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", responses=error_responses(404, 409))

@@ -7,10 +7,11 @@ import logging
 import click
 
 from genjob import __version__
-from genjob.cli import admin, jobs, serve
+from genjob.cli import admin, follow, housekeeping, jobs, results, serve, top
+from genjob.cli.errors import GenjobGroup
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=GenjobGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="genjob")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 def main(verbose: int) -> None:
@@ -20,6 +21,10 @@ def main(verbose: int) -> None:
     proposing tokens for the target to verify, then read the results and the
     measured speedup. With no GENJOB_BROKER_URL set, everything runs in this
     process on ./genjob.db (the embedded mode).
+
+    Exit codes: 0 done; 1 an error (its message says what to fix); 2 a usage
+    error; 3 a job ended with failed items; 4 a job was cancelled or expired;
+    5 `wait --timeout` ran out; 130 interrupted.
     """
     level = logging.WARNING - 10 * verbose
     logging.basicConfig(
@@ -27,5 +32,6 @@ def main(verbose: int) -> None:
     )
 
 
-for command in (*jobs.COMMANDS, *admin.COMMANDS, *serve.COMMANDS):
+COMMAND_MODULES = (jobs, results, follow, top, housekeeping, admin, serve)
+for command in (command for module in COMMAND_MODULES for command in module.COMMANDS):
     main.add_command(command)

@@ -23,9 +23,10 @@ def upgrade(revision: str) -> None:
 
 
 @db_group.command()
-@click.option("--revision", default="base", show_default=True)
+@click.argument("revision")
 def downgrade(revision: str) -> None:
-    """Migrate the database down to REVISION (base drops everything)."""
+    """Migrate the database down to REVISION: a revision id (`genjob db current`), -1 for one step,
+    or base, which drops every table and all the jobs in them."""
     url = get_settings().database_url
     db.downgrade(url, revision)
     click.echo(f"database at {db.current_revision(url) or 'base'}")
@@ -43,16 +44,33 @@ def current() -> None:
 @click.option("-c", "--concurrency", type=int, default=1, show_default=True, help="Processes (1 per GPU).")
 @click.option("-n", "--hostname", default="genjob@%h", show_default=True, help="Worker name in Flower.")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve Prometheus metrics on this port (/metrics; default GENJOB_METRICS_PORT, unset: none).",
+)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
-def worker(queue: str | None, concurrency: int, hostname: str, loglevel: str, celery_args: tuple) -> None:
+def worker(
+    queue: str | None,
+    concurrency: int,
+    hostname: str,
+    loglevel: str,
+    metrics_port: int | None,
+    celery_args: tuple,
+) -> None:
     """Run a Celery worker that generates queued chunks.
 
     Acks late, prefetches one chunk, loads models once per process. Extra
-    arguments go to `celery worker` as they are.
+    arguments go to `celery worker` as they are. With --metrics-port, the
+    pool processes' metrics are served from the main process (Prometheus
+    multiprocess mode, in PROMETHEUS_MULTIPROC_DIR or a temporary directory).
     """
     settings = get_settings()
     if settings.embedded:
         raise click.ClickException("GENJOB_BROKER_URL is not set: a worker needs a broker (redis://…)")
+    port = metrics_port or settings.metrics_port
+    if port is not None:
+        _serve_metrics(port)
     from genjob.worker.celery_app import create_app
     from genjob.worker.main import run_worker
 
@@ -64,6 +82,25 @@ def worker(queue: str | None, concurrency: int, hostname: str, loglevel: str, ce
         loglevel=loglevel,
         extra=celery_args,
     )
+
+
+def _serve_metrics(port: int) -> None:
+    """Multiprocess metrics for this worker's processes, served from here (before anything counts)."""
+    import atexit
+    import os
+
+    from genjob.telemetry import MULTIPROC_ENV, forget_multiprocess, prepare_multiprocess
+
+    inherited = os.environ.get(MULTIPROC_ENV)
+    directory = prepare_multiprocess()
+    if not inherited:
+        atexit.register(forget_multiprocess, directory)
+    from genjob.worker.metrics import serve_metrics
+
+    try:
+        serve_metrics(port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve metrics on port {port}: {exc.strerror}") from exc
 
 
 COMMANDS = (db_group, worker)

@@ -1,11 +1,8 @@
-"""Job commands: submit, jobs, status, results, stats, cancel, requeue, retry."""
+"""Job commands: submit, jobs, status, stats, cancel, requeue, retry (results: ``genjob.cli.results``)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-import threading
-import time
+import json
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,58 +11,32 @@ import click
 
 from genjob import store
 from genjob.catalog import JobOptionsError, job_spec, parse_job_options
+from genjob.cli.context import Duration, job_reference, load_job, settings_and_schema
+from genjob.cli.embedded import EmbeddedRun
+from genjob.cli.exits import ExitCode, end_line, job_exit_code
+from genjob.cli.follow import follow_job, phases
 from genjob.cli.options import job_options, option_values
-from genjob.cli.output import JOBS_HEADER, job_row, job_stats_lines, job_summary_lines
+from genjob.cli.output import (
+    JOBS_HEADER,
+    job_json,
+    job_row,
+    job_stats_json,
+    job_stats_lines,
+    job_summary_lines,
+)
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
-from genjob.db import SchemaError, session_scope
-from genjob.durations import parse_duration
-from genjob.formats.export import ResultFormat, export_job
+from genjob.db import session_scope
 from genjob.formats.lines import InputFileError
 from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.queueing import BrokerUnavailable
-from genjob.settings import Settings, get_settings
-from genjob.submit import prepare_database, store_job
-from genjob.tables import Job, utcnow
+from genjob.settings import Settings
+from genjob.submit import store_job
+from genjob.tables import utcnow
 from genjob.worker.enqueue import enqueue_job
-
-POLL_SECONDS = 0.5
-
-
-class Duration(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, timedelta):
-            return value
-        try:
-            return parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 def deadline(expire_after: timedelta | None) -> datetime | None:
     return utcnow() + expire_after if expire_after is not None else None
-
-
-def settings_and_schema() -> Settings:
-    settings = get_settings()
-    try:
-        prepare_database(settings)
-    except SchemaError as exc:
-        raise click.ClickException(str(exc)) from exc
-    return settings
-
-
-def load_job(settings: Settings, job_id: str) -> Job:
-    """The job, ended first if its deadline passed (so it reads right with no worker running)."""
-    with session_scope(settings.database_url) as session:
-        try:
-            job = store.get_job(session, job_id=job_id)
-        except store.JobNotFound as exc:
-            raise click.ClickException(str(exc)) from exc
-        if job.expires_at is not None and store.expire_due_jobs(session, job_id=job.id):
-            session.refresh(job)
-        return job
 
 
 def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int) -> int:
@@ -77,50 +48,8 @@ def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int) -> i
         raise click.ClickException(f"{exc}; once the broker is back: genjob requeue {job_id}") from exc
 
 
-def wait_for_job(settings: Settings, job_id: str, *, worker: threading.Thread | None = None) -> Job:
-    """Follow a job with a progress bar (stderr) until it ends."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[failed]} failed"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
-        job = load_job(settings, job_id)
-        task = progress.add_task(job.status, total=job.total, failed=0)
-        while True:
-            job = load_job(settings, job_id)
-            finished = job.done + job.failed
-            progress.update(task, completed=finished, description=job.status, failed=job.failed)
-            if job.status in TERMINAL_JOB_STATUSES and (worker is None or not worker.is_alive()):
-                return job
-            if worker is not None and not worker.is_alive() and job.status not in TERMINAL_JOB_STATUSES:
-                return job
-            time.sleep(POLL_SECONDS)
-
-
-class _ChunkRunner(threading.Thread):
-    """Embedded mode: run the job's chunks in this process while the main thread shows progress."""
-
-    def __init__(self, settings: Settings, job_id: str, chunk_size: int) -> None:
-        super().__init__(name=f"genjob-{job_id}", daemon=True)
-        self.settings, self.job_id, self.chunk_size = settings, job_id, chunk_size
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            enqueue_job(self.settings, job_id=self.job_id, chunk_size=self.chunk_size)
-        except BaseException as exc:
-            self.error = exc
-
-
 @click.command()
-@click.argument("prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("prompts", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
 @job_options()
 @click.option(
     "--expire-after",
@@ -128,13 +57,18 @@ class _ChunkRunner(threading.Thread):
     help="Deadline (30s, 10m, 2h, 1d): the job then ends expired, unstarted items too.",
 )
 @click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
-def submit(prompts: Path, wait: bool, expire_after: timedelta | None, **values: Any) -> None:
+@click.pass_context
+def submit(
+    ctx: click.Context, prompts: Path, wait: bool, expire_after: timedelta | None, **values: Any
+) -> None:
     """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
 
     The whole file is validated first; a bad line fails the submit with
-    FILE:LINE: reason and nothing is stored. Prints the job id. With
-    --input-format openai, lines are OpenAI batch requests
-    ({"custom_id": ..., "body": {"prompt" or "messages": ...}}).
+    FILE:LINE: reason and nothing is stored. Prints the job id. PROMPTS may be
+    a pipe, or - for standard input. With --input-format openai, lines are
+    OpenAI batch requests ({"custom_id": ..., "body": {"prompt" or "messages": ...}}).
+    With --wait (and in embedded mode, which runs the job here), the exit code
+    tells how the job ended: 0 all done, 3 items failed, 4 cancelled or expired.
     """
     settings = settings_and_schema()
     try:
@@ -143,102 +77,90 @@ def submit(prompts: Path, wait: bool, expire_after: timedelta | None, **values: 
     except JobOptionsError as exc:
         raise click.ClickException(f"invalid job options: {exc}") from exc
     try:
-        submitted = store_job(
-            settings,
-            path=prompts,
-            spec=spec,
-            tokenizer=PromptTokenizer(spec.model),
-            name=options.name,
-            expires_at=deadline(expire_after),
-            input_format=options.input_format,
-        )
+        with phases(wait) as phase:
+            submitted = store_job(
+                settings,
+                path=prompts,
+                spec=spec,
+                tokenizer=PromptTokenizer(spec.model),
+                name=options.name,
+                expires_at=deadline(expire_after),
+                input_format=options.input_format,
+                on_phase=phase,
+            )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(submitted.job_id)
     chunk_size = options.chunk_size or settings.chunk_size
     if settings.embedded:
-        runner = _ChunkRunner(settings, submitted.job_id, chunk_size)
+        runner = EmbeddedRun(settings, submitted.job_id, chunk_size)
         runner.start()
-        job = wait_for_job(settings, submitted.job_id, worker=runner) if wait else None
-        runner.join()
-        if runner.error is not None:
-            raise click.ClickException(f"job {submitted.job_id} crashed: {runner.error}")
+        runner.follow(show=wait)
     else:
-        enqueue_or_explain(settings, job_id=submitted.job_id, chunk_size=chunk_size)
-        job = wait_for_job(settings, submitted.job_id) if wait else None
-    if wait:
-        job = load_job(settings, submitted.job_id)
-        click.echo(f"{job.status}: {job.done} done, {job.failed} failed of {job.total}", err=True)
-        if job.status != JobStatus.COMPLETED:
-            raise SystemExit(1)
+        with phases(wait) as phase:
+            phase("queueing")
+            enqueue_or_explain(settings, job_id=submitted.job_id, chunk_size=chunk_size)
+        if not wait:
+            return
+        try:
+            follow_job(settings, submitted.job_id)
+        except KeyboardInterrupt:
+            click.echo(
+                f"stopped following job {submitted.job_id}; it goes on: genjob wait {submitted.job_id}",
+                err=True,
+            )
+            ctx.exit(ExitCode.INTERRUPTED)
+    job = load_job(settings, submitted.job_id)
+    code = job_exit_code(job)
+    if wait or code != ExitCode.OK:
+        click.echo(end_line(job), err=True)
+    ctx.exit(code)
 
 
 @click.command("jobs")
 @click.option("--status", type=click.Choice([s.value for s in JobStatus]), help="Only jobs in this state.")
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=20, show_default=True)
-def list_jobs(status: str | None, limit: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, each job as GET /v1/jobs/{id} has it.")
+def list_jobs(status: str | None, limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
     settings = settings_and_schema()
     with session_scope(settings.database_url) as session:
         store.expire_due_jobs(session)
         rows = store.list_jobs(session, status=status, limit=limit)
+        if as_json:
+            click.echo(json.dumps([job_json(job) for job in rows], ensure_ascii=False, indent=2))
+            return
         click.echo(JOBS_HEADER)
         for job in rows:
             click.echo(job_row(job))
 
 
 @click.command()
-@click.argument("job_id")
-def status(job_id: str) -> None:
+@job_reference
+@click.option("--json", "as_json", is_flag=True, help="JSON, as GET /v1/jobs/{id} has it.")
+def status(job_id: str, as_json: bool) -> None:
     """Show a job's state, item counts and timestamps."""
     job = load_job(settings_and_schema(), job_id)
+    if as_json:
+        click.echo(json.dumps(job_json(job), ensure_ascii=False, indent=2))
+        return
     click.echo("\n".join(job_summary_lines(job)))
 
 
 @click.command()
-@click.argument("job_id")
-def stats(job_id: str) -> None:
+@job_reference
+@click.option("--json", "as_json", is_flag=True, help="JSON: the figures and the sums they come from.")
+def stats(job_id: str, as_json: bool) -> None:
     """Show a job's acceptance rate, accepted tokens per round, tokens/s and speedup."""
     job = load_job(settings_and_schema(), job_id)
+    if as_json:
+        click.echo(json.dumps(job_stats_json(job), ensure_ascii=False, indent=2))
+        return
     click.echo("\n".join(job_stats_lines(job)))
 
 
 @click.command()
-@click.argument("job_id")
-@click.option(
-    "--format", "fmt", type=click.Choice([f.value for f in ResultFormat]), default="jsonl", show_default=True
-)
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout."
-)
-def results(job_id: str, fmt: str, output: Path | None) -> None:
-    """Export a job's results in input order (one record per item, with its custom id).
-
-    --format openai writes OpenAI batch output lines ({"custom_id", "response":
-    {"body": ...}, "error"}). With -o the file appears only once complete
-    (written aside, then renamed).
-    """
-    settings = settings_and_schema()
-    job = load_job(settings, job_id)
-    with session_scope(settings.database_url) as session:
-        chunks = export_job(session, job=job, fmt=ResultFormat(fmt))
-        if output is None:
-            for chunk in chunks:
-                click.echo(chunk, nl=False)
-            return
-        handle, temp = tempfile.mkstemp(dir=output.parent or ".", prefix=f".{output.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-                stream.writelines(chunks)
-            os.replace(temp, output)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-    click.echo(f"wrote {job.total} records to {output}", err=True)
-
-
-@click.command()
-@click.argument("job_id")
+@job_reference
 def cancel(job_id: str) -> None:
     """Cancel a job: no new items start; the item in flight finishes and is kept."""
     settings = settings_and_schema()
@@ -251,7 +173,7 @@ def cancel(job_id: str) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@job_reference
 @click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
 def requeue(job_id: str, chunk_size: int | None) -> None:
     """Queue a job's pending items again (after the broker was down, say).
@@ -267,7 +189,7 @@ def requeue(job_id: str, chunk_size: int | None) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@job_reference
 @click.option("--expire-after", type=Duration(), help="A new deadline (30s, 10m, 2h, 1d); none by default.")
 @click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
 def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -> None:
@@ -290,4 +212,4 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
     click.echo(f"retrying {retried} failed items of job {job.id}")
 
 
-COMMANDS = (submit, list_jobs, status, stats, results, cancel, requeue, retry)
+COMMANDS = (submit, list_jobs, status, stats, cancel, requeue, retry)

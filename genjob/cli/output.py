@@ -1,11 +1,34 @@
-"""Plain-text rendering of jobs and their stats for the CLI (stable, testable output)."""
+"""Rendering of jobs and their stats for the CLI: stable, testable text, and JSON as the API has it.
+
+Text that users supplied (names, errors quoting ids) is printed with control characters escaped.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+from genjob.api.schemas import JobOut
+from genjob.cli.errors import printable
 from genjob.stats import JobStats, job_stats
 from genjob.tables import Job
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """The job as ``GET /v1/jobs/{id}`` answers it."""
+    return JobOut.of(job).model_dump(mode="json")
+
+
+def job_stats_json(job: Job) -> dict[str, Any]:
+    """The job's stats (figures and the sums they come from), with its id and state."""
+    out = JobOut.of(job)
+    return {
+        "id": out.id,
+        "status": out.status.value,
+        "done": out.done,
+        "total": out.total,
+        **out.stats.model_dump(),
+    }
 
 
 def fmt_time(value: datetime | None) -> str:
@@ -21,7 +44,7 @@ def job_summary_lines(job: Job) -> list[str]:
     if job.started_at and job.finished_at:
         elapsed = f"{(job.finished_at - job.started_at).total_seconds():.1f} s"
     lines = [
-        f"job:       {job.id}" + (f"  ({job.name})" if job.name else ""),
+        f"job:       {job.id}" + (f"  ({printable(job.name)})" if job.name else ""),
         f"status:    {job.status}",
         f"items:     {job.total} total, {job.done} done, {job.failed} failed",
         f"model:     {job.model}",
@@ -32,7 +55,7 @@ def job_summary_lines(job: Job) -> list[str]:
         f"finished:  {fmt_time(job.finished_at)}  (elapsed {elapsed})",
     ]
     if job.error:
-        lines.append(f"error:     {job.error}")
+        lines.append(f"error:     {printable(job.error)}")
     return lines
 
 
@@ -89,7 +112,7 @@ def job_stats_lines(job: Job) -> list[str]:
 
 
 def job_row(job: Job) -> str:
-    name = (job.name or "")[:24]
+    name = printable(job.name or "", keep_newlines=False)[:24]
     return f"{job.id}  {job.status:<9}  {job.done:>6}/{job.total:<6}  {fmt_time(job.created_at)}  {name}"
 
 

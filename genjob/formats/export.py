@@ -1,6 +1,9 @@
 """Export a job's results in input order as JSONL, CSV or OpenAI batch output, streamed.
 
-Shared by the CLI (``genjob results``) and the API (``GET /v1/jobs/{id}/results``).
+Shared by the CLI (``genjob results``) and the API (``GET /v1/jobs/{id}/results``). Exports keep the
+exact text by default; ``csv_safe`` prefixes a ``'`` to CSV cells that a spreadsheet would run as a
+formula (starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return). ``status`` keeps only the
+items in that state (``failed``, say). Parquet is ``genjob.formats.parquet``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ class ResultFormat(StrEnum):
     JSONL = "jsonl"
     CSV = "csv"
     OPENAI = "openai"  # OpenAI batch output lines: {"custom_id", "response": {"body"}, "error"}
+    PARQUET = "parquet"  # binary: genjob.formats.parquet
+
+
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
 RESULT_FIELDS = (
@@ -32,6 +39,7 @@ RESULT_FIELDS = (
     "status",
     "output",
     "finish_reason",
+    "mode",
     "prompt_tokens",
     "new_tokens",
     "target_rounds",
@@ -50,6 +58,7 @@ def result_record(item: Item, result: Result | None) -> dict[str, Any]:
         "status": item.status,
         "output": None,
         "finish_reason": None,
+        "mode": None,
         "prompt_tokens": None,
         "new_tokens": None,
         "target_rounds": None,
@@ -62,6 +71,7 @@ def result_record(item: Item, result: Result | None) -> dict[str, Any]:
         record.update(
             output=result.output,
             finish_reason=result.finish_reason,
+            mode=result.mode,
             prompt_tokens=result.prompt_tokens,
             new_tokens=result.new_tokens,
             target_rounds=result.target_rounds,
@@ -72,15 +82,24 @@ def result_record(item: Item, result: Result | None) -> dict[str, Any]:
     return record
 
 
-def iter_result_records(session: Session, *, job_id: str) -> Iterator[dict[str, Any]]:
-    for item, result in store.iter_results(session, job_id=job_id):
+def iter_result_records(
+    session: Session, *, job_id: str, status: str | None = None
+) -> Iterator[dict[str, Any]]:
+    for item, result in store.iter_results(session, job_id=job_id, status=status):
         yield result_record(item, result)
 
 
-def render(records: Iterator[dict[str, Any]], fmt: ResultFormat) -> Iterator[str]:
-    """Text chunks of the export, one per record (plus the CSV header)."""
-    if fmt is ResultFormat.OPENAI:
-        raise ValueError("the openai format needs the job: use export_job")
+def csv_safe_cell(value: Any) -> Any:
+    """A text cell a spreadsheet would evaluate (``=cmd|...``) made inert with a leading ``'``."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def render(records: Iterator[dict[str, Any]], fmt: ResultFormat, *, csv_safe: bool = False) -> Iterator[str]:
+    """Text chunks of the export, one per record (the CSV header its own first chunk)."""
+    if fmt in (ResultFormat.OPENAI, ResultFormat.PARQUET):
+        raise ValueError(f"the {fmt} format is not text rows: use export_job or genjob.formats.parquet")
     if fmt is ResultFormat.JSONL:
         for record in records:
             yield json.dumps(record, ensure_ascii=False) + "\n"
@@ -88,19 +107,20 @@ def render(records: Iterator[dict[str, Any]], fmt: ResultFormat) -> Iterator[str
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS, lineterminator="\n")
     writer.writeheader()
+    yield buffer.getvalue()
     for record in records:
-        writer.writerow(record)
-        yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
-    if buffer.tell():
+        writer.writerow({k: csv_safe_cell(v) for k, v in record.items()} if csv_safe else record)
         yield buffer.getvalue()
 
 
-def export_job(session: Session, *, job: Job, fmt: ResultFormat) -> Iterator[str]:
+def export_job(
+    session: Session, *, job: Job, fmt: ResultFormat, status: str | None = None, csv_safe: bool = False
+) -> Iterator[str]:
     """Text chunks of a job's export in ``fmt``, one per item in input order."""
     if fmt is not ResultFormat.OPENAI:
-        yield from render(iter_result_records(session, job_id=job.id), fmt)
+        yield from render(iter_result_records(session, job_id=job.id, status=status), fmt, csv_safe=csv_safe)
         return
-    for item, result in store.iter_results(session, job_id=job.id):
+    for item, result in store.iter_results(session, job_id=job.id, status=status):
         yield json.dumps(response_record(job, item, result), ensure_ascii=False) + "\n"

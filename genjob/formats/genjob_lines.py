@@ -26,10 +26,10 @@ class PromptLine(BaseModel):
     id: StrictStr | None = Field(default=None, min_length=1, max_length=200)
     max_new_tokens: StrictInt | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", "id")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("must not be blank")
         return value
 

@@ -8,17 +8,30 @@ Must not know: the database, Celery, torch, HTTP.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
 from genjob.constants import OpenAIEndpoint
 
 UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+# UTF-32 first: its little-endian mark starts with UTF-16's.
+BYTE_ORDER_MARKS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+# A JSON line is refused, not parsed, past these (Python's parser recurses per level, and converting
+# a number of thousands of digits is quadratic): no prompt file needs more.
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_DIGITS = 100
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +152,73 @@ def read_lines(stream: BinaryIO, limits: InputLimits) -> Iterator[tuple[int, byt
         if consumed > limits.max_file_bytes:
             raise FileTooLarge
         yield number, raw
+
+
+def byte_order_mark(raw: bytes) -> str | None:
+    """The encoding a first line's byte order mark names, when it is not UTF-8's."""
+    return next((name for mark, name in BYTE_ORDER_MARKS if raw.startswith(mark)), None)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: an object naming a key twice is refused (JSON would keep the last)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise LineProblem(f"invalid JSON: duplicate key {key!r} (only one value may be given)", key)
+        data[key] = value
+    return data
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_NUMBER_DIGITS:
+        raise LineProblem(
+            f"invalid JSON: a number of {len(digits.lstrip('-'))} digits (at most {MAX_NUMBER_DIGITS})"
+        )
+    return int(digits)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_DIGITS * 2:
+        limit = MAX_NUMBER_DIGITS * 2
+        raise LineProblem(f"invalid JSON: a number of {len(text)} characters (at most {limit})")
+    return float(text)
+
+
+def _not_json(constant: str) -> Any:
+    raise LineProblem(f"invalid JSON: {constant} is not a JSON value")
+
+
+def _check_depth(text: str) -> None:
+    """Refuse arrays and objects nested deeper than MAX_JSON_DEPTH before the parser recurses into them."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return
+    depth = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise LineProblem(f"invalid JSON: arrays or objects nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def parse_json_line(text: str, *, last_line: bool) -> Any:
+    """One line's JSON value, or LineProblem: invalid JSON, a duplicate key, nesting deeper than
+    MAX_JSON_DEPTH, a number longer than MAX_NUMBER_DIGITS, NaN or Infinity."""
+    _check_depth(text)
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+            parse_constant=_not_json,
+        )
+    except LineProblem:
+        raise
+    except json.JSONDecodeError as exc:
+        raise LineProblem(json_error(exc, text, last_line=last_line)) from exc
+    except RecursionError as exc:  # a parser with a smaller stack than the depth check allows for
+        raise LineProblem("invalid JSON: arrays or objects nested too deeply") from exc
+    except ValueError as exc:
+        raise LineProblem(f"invalid JSON: {exc}") from exc
 
 
 def json_error(exc: json.JSONDecodeError, text: str, *, last_line: bool) -> str:

@@ -111,6 +111,13 @@ class RequestLine(BaseModel):
     url: OpenAIEndpoint | None = None
     body: RequestBody
 
+    @field_validator("custom_id")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
     @model_validator(mode="after")
     def _url_matches_body(self) -> Self:
         if self.url is not None and self.url is not self.body.endpoint:

@@ -11,7 +11,6 @@ Must not know: the database, Celery, torch, HTTP.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -20,7 +19,6 @@ from genjob.constants import InputFormat, OpenAIEndpoint
 from genjob.formats.genjob_lines import parse_genjob_line
 from genjob.formats.lines import (
     UTF8_BOM,
-    UTF16_BOMS,
     FileTooLarge,
     InputFileError,
     InputLimits,
@@ -28,10 +26,11 @@ from genjob.formats.lines import (
     LineProblem,
     ParsedLine,
     PromptItem,
+    byte_order_mark,
     check_storable,
     file_too_large_message,
-    json_error,
     json_type,
+    parse_json_line,
     read_lines,
 )
 from genjob.formats.openai_lines import parse_openai_line
@@ -49,10 +48,7 @@ def _parse_line(
     last_line: bool,
 ) -> ParsedLine:
     """Parse one line; ``last_line``: it has no newline, so the file ends with it."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LineProblem(json_error(exc, text, last_line=last_line)) from exc
+    data = parse_json_line(text, last_line=last_line)
     if not isinstance(data, dict):
         raise LineProblem(f"expected a JSON object, got {json_type(data)}")
     parsed = parse_genjob_line(data) if fmt is InputFormat.GENJOB else parse_openai_line(data, tokenizer)
@@ -97,9 +93,16 @@ def _read(
         if raw is None:
             yield LineError(number, f"line is longer than the limit of {limits.max_line_bytes} bytes")
             continue
-        if number == 1 and raw.startswith(UTF16_BOMS):
+        encoding = byte_order_mark(raw) if number == 1 else None
+        if encoding is not None:
+            mark = raw[: 4 if encoding == "UTF-32" else 2].hex(" ")
+            yield LineError(number, f"the file is {encoding} (byte order mark {mark}); save it as UTF-8")
+            return
+        if b"\x00" in raw:  # JSON text never holds a raw NUL byte: another encoding, or not text
             yield LineError(
-                number, f"the file is UTF-16 (byte order mark {raw[:2].hex(' ')}); save it as UTF-8"
+                number,
+                "NUL bytes: the file looks like UTF-16 or UTF-32 without a byte order mark, or binary "
+                "data; save it as UTF-8",
             )
             return
         if number == 1 and raw.startswith(UTF8_BOM):

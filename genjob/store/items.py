@@ -93,7 +93,7 @@ def claim_item(
     item.started_at = now
     item.claimed_by = worker
     item.lease_expires_at = now + timedelta(seconds=lease_s)
-    attempt = Attempt(item_id=item.id, worker=worker, started_at=now)
+    attempt = Attempt(job_id=item.job_id, item_id=item.id, worker=worker, started_at=now)
     session.add(attempt)
     session.flush()
     return item, attempt.id

@@ -299,8 +299,10 @@ def retry_failed_items(session: Session, *, job: Job, expires_at: datetime | Non
     return retried
 
 
-def iter_results(session: Session, *, job_id: str) -> Iterator[tuple[Item, Result | None]]:
-    """Every item of the job in input order, with its result where it has one (streamed)."""
+def iter_results(
+    session: Session, *, job_id: str, status: str | None = None
+) -> Iterator[tuple[Item, Result | None]]:
+    """Every item of the job (or those in ``status``) in input order, with its result if any (streamed)."""
     query = (
         select(Item, Result)
         .outerjoin(Result, Result.item_id == Item.id)
@@ -308,6 +310,8 @@ def iter_results(session: Session, *, job_id: str) -> Iterator[tuple[Item, Resul
         .order_by(Item.seq)
         .execution_options(yield_per=1000)
     )
+    if status is not None:
+        query = query.where(Item.status == status)
     for row in session.execute(query):
         yield row.tuple()
 

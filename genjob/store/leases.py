@@ -126,3 +126,14 @@ def reclaim_expired_leases(
             requeue.setdefault(item_job_id, (queue, []))[1].append(item_id)
         session.execute(update(Item).where(Item.id == item_id).values(**values))
     return requeue
+
+
+def give_up_leases(session: Session, *, worker: str, now: datetime | None = None) -> int:
+    """End at once the leases ``worker`` holds on open items (it stops), so they can be taken back now."""
+    now = now or utcnow()
+    return changed_rows(
+        session,
+        update(Item)
+        .where(Item.claimed_by == worker, Item.status.in_(list(OPEN_ITEM_STATUSES)))
+        .values(lease_expires_at=now),
+    )

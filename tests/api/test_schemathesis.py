@@ -52,6 +52,7 @@ def test_no_server_errors(api_settings: Settings) -> None:
         "GET /v1/jobs/{job_id}/results",
         "POST /v1/jobs/{job_id}/cancel",
         "POST /v1/jobs/{job_id}/requeue",
+        "GET /metrics",
     }
     statuses: dict[str, set[int]] = {}
     for operation in operations:

@@ -76,6 +76,9 @@ class ScriptedEngine:
         self.queue.popleft()
         stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, rounds=1)
         stats.latency_s = time.perf_counter() - started
+        self.stats.round(
+            batch=1, k=0, probe=False, tokens=1, seconds=stats.latency_s, proposed=0, accepted=0, rejections=0
+        )
         return [Finished(key=request.key, token_ids=[abs(request.key)], stats=stats)]  # "token": the item
 
 

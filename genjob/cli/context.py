@@ -1,0 +1,92 @@
+"""What every job command starts with: the settings with a checked schema, and the job it names.
+
+A job is named by its id (or a unique prefix), or by ``--name NAME``: the newest job of that name,
+with a note on stderr when several share it. ``job_reference`` adds both to a command and hands it
+the job's id. Must not know: the workers, the HTTP API.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import click
+
+from genjob import store
+from genjob.db import SchemaError, session_scope
+from genjob.durations import parse_duration
+from genjob.settings import Settings, get_settings
+from genjob.store.housekeeping import newest_named
+from genjob.submit import prepare_database
+from genjob.tables import Job
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Duration(click.ParamType):
+    """30s, 10m, 2h, 1d, 1h30m (``genjob.durations``)."""
+
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def settings_and_schema() -> Settings:
+    settings = get_settings()
+    try:
+        prepare_database(settings)
+    except SchemaError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return settings
+
+
+def load_job(settings: Settings, job_id: str) -> Job:
+    """The job, ended first if its deadline passed (so it reads right with no worker running)."""
+    with session_scope(settings.database_url) as session:
+        try:
+            job = store.get_job(session, job_id=job_id)
+        except store.JobNotFound as exc:
+            raise click.ClickException(str(exc)) from exc
+        if job.expires_at is not None and store.expire_due_jobs(session, job_id=job.id):
+            session.refresh(job)
+        return job
+
+
+def job_id_by_name(settings: Settings, name: str) -> str:
+    """The id of the newest job called ``name`` (a note on stderr if there are several)."""
+    with session_scope(settings.database_url) as session:
+        match = newest_named(session, name=name)
+        if match is None:
+            raise click.ClickException(f"no job named {name!r}")
+        if match.count > 1:
+            click.echo(
+                f"note: {match.count} jobs are named {name!r}; using the newest, {match.job.id} "
+                f"(created {match.job.created_at:%Y-%m-%d %H:%M:%S})",
+                err=True,
+            )
+        return match.job.id
+
+
+def job_reference(command: F) -> F:
+    """Give ``command`` a JOB argument or a ``--name NAME`` option; it receives ``job_id`` either way."""
+
+    @functools.wraps(command)
+    def resolved(*args: Any, job_id: str | None, job_name: str | None, **kwargs: Any) -> Any:
+        if (job_id is None) == (job_name is None):
+            raise click.UsageError("name the job: JOB (its id, or a unique prefix) or --name NAME")
+        if job_name is not None:
+            job_id = job_id_by_name(settings_and_schema(), job_name)
+        return command(*args, job_id=job_id, **kwargs)
+
+    decorated = click.option(
+        "--name", "job_name", metavar="NAME", help="The newest job of this name instead of JOB."
+    )(resolved)
+    return click.argument("job_id", metavar="JOB", required=False)(decorated)  # type: ignore[return-value]

@@ -1,0 +1,93 @@
+"""User errors as one line, never a traceback: the ``genjob`` group turns what users cause into messages.
+
+A bad ``GENJOB_*`` value names the variable and what it should be; a database that cannot be reached
+names the URL (without its password) and the variable to check; a file that cannot be written names
+it and why; Ctrl-C stops with exit 130. Every message reaches the terminal with its control
+characters escaped (``printable``), so an id or a file name carrying escape sequences cannot drive
+the terminal. Bugs still raise: only these classes of error are caught.
+Must not know: the workers, the HTTP API.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+
+from genjob.cli.exits import ExitCode
+
+# C0 and C1 control characters and DEL; newlines and tabs stay (messages may span lines).
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, *, keep_newlines: bool = True) -> str:
+    """``text`` with control characters written as escapes (``\\x1b``), safe to print on a terminal."""
+    pattern = CONTROL if keep_newlines else re.compile(r"[\x00-\x1f\x7f-\x9f]")
+    return pattern.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def settings_message(exc: ValidationError) -> str:
+    """``GENJOB_CHUNK_SIZE='x': Input should be a valid integer`` for each bad variable."""
+    problems = []
+    for error in exc.errors():
+        name = "GENJOB_" + str(error["loc"][0]).upper() if error["loc"] else "GENJOB_*"
+        given = error.get("input")
+        shown = f"={given!r}" if isinstance(given, str | int | float) else ""
+        problems.append(f"{name}{shown}: {str(error['msg']).removeprefix('Value error, ')}")
+    return "invalid settings: " + "; ".join(problems)
+
+
+def _safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "GENJOB_DATABASE_URL"
+
+
+def database_message(exc: sa_exc.DBAPIError | sa_exc.ArgumentError, url: str) -> str:
+    reason = (
+        str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if str(exc).strip()
+        else type(exc).__name__
+    )
+    return f"database {_safe_url(url)}: {reason} (check GENJOB_DATABASE_URL and that the server is up)"
+
+
+def os_error_message(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
+class GenjobGroup(click.Group):
+    """The ``genjob`` group: user errors become one-line messages (see the module's doc)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = printable(exc.message)  # type: ignore[misc]  # escaped in place, same exception
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(ExitCode.INTERRUPTED)
+        except ValidationError as exc:
+            if exc.title != "Settings":
+                raise
+            raise click.ClickException(printable(settings_message(exc))) from exc
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.ArgumentError) as exc:
+            raise click.ClickException(printable(database_message(exc, _database_url()))) from exc
+        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+            raise click.ClickException(printable(os_error_message(exc))) from exc
+
+
+def _database_url() -> str:
+    from genjob.settings import get_settings
+
+    try:
+        return get_settings().database_url
+    except ValidationError:
+        return "GENJOB_DATABASE_URL"

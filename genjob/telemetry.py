@@ -1,0 +1,151 @@
+"""Prometheus metrics: their names and labels (one place), multiprocess set-up, and exposition.
+
+Workers count what they do (items by final state, tokens, drafts proposed and accepted, rounds and
+their latency, rows in flight) in their pool processes; ``prometheus_client``'s multiprocess mode
+adds the processes up from files in ``PROMETHEUS_MULTIPROC_DIR``, which ``prepare_multiprocess``
+sets before the library is first imported. Scrape-time gauges read the database and the broker
+(``StateCollector``: jobs by status, open items and queue depth per queue).
+
+Labels are bounded sets only: model, queue, mode, worker, state (never a job or item id); per-job
+figures are in the database (``genjob status``, ``job_stats``). Processes that only submit (the
+CLI, the API's producer) create no worker series.
+Must not know: torch, the worker's code, HTTP, the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+WORKER_LABELS = ("model", "queue", "mode", "worker")
+ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def prepare_multiprocess(directory: str | None = None) -> Path:
+    """Point prometheus_client at a clean directory for this worker's processes (before it is imported).
+
+    ``directory`` (or an inherited PROMETHEUS_MULTIPROC_DIR) is emptied of old files, as the library
+    asks; without either, a fresh temporary directory is made.
+    """
+    chosen = directory or os.environ.get(MULTIPROC_ENV)
+    path = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix="genjob-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("*.db"):
+        old.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    return path
+
+
+def forget_multiprocess(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class WorkerMetrics:
+    """The worker's metric families (created on first use, in whichever process counts)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = WORKER_LABELS
+        self.items = Counter(
+            "genjob_items", "Items a worker ended or handed back, by state.", (*labels, "state")
+        )
+        self.new_tokens = Counter("genjob_new_tokens", "Tokens the engine produced.", labels)
+        self.proposed = Counter("genjob_draft_tokens_proposed", "Draft tokens proposed.", labels)
+        self.accepted = Counter("genjob_draft_tokens_accepted", "Draft tokens the target accepted.", labels)
+        self.rounds = Counter("genjob_rounds", "Decoding rounds (target forward passes).", labels)
+        self.probe_rounds = Counter(
+            "genjob_probe_rounds", "Rounds decoded plainly to measure the speedup.", labels
+        )
+        self.round_seconds = Histogram(
+            "genjob_round_seconds", "Seconds per decoding round.", labels, buckets=ROUND_BUCKETS
+        )
+        self.rows = Gauge(
+            "genjob_rows_in_flight", "Rows (items) decoding now.", labels, multiprocess_mode="livesum"
+        )
+        self.chunks = Counter(
+            "genjob_chunks",
+            "Chunks a worker finished, clean or with failed items.",
+            ("queue", "worker", "outcome"),
+        )
+
+
+_WORKER_METRICS: WorkerMetrics | None = None
+
+
+def worker_metrics() -> WorkerMetrics:
+    global _WORKER_METRICS
+    if _WORKER_METRICS is None:
+        _WORKER_METRICS = WorkerMetrics()
+    return _WORKER_METRICS
+
+
+def multiprocess_registry() -> CollectorRegistry:
+    """A registry adding up every process's files (dead processes' live gauges left out)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+    directory = os.environ[MULTIPROC_ENV]
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        if not _alive(pid):
+            mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The registry in Prometheus' text format, and its content type."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class StateCollector:
+    """Scrape-time gauges from the database and the broker: jobs by status, open items, queue depth.
+
+    ``read`` returns ``{"jobs": {status: n}, "items": {(queue, state): n}, "queues": {queue: n}}``.
+    """
+
+    def __init__(self, read: Any) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        state = self.read()
+        jobs = GaugeMetricFamily("genjob_jobs", "Jobs by status.", labels=["status"])
+        for status, count in sorted(state["jobs"].items()):
+            jobs.add_metric([status], count)
+        items = GaugeMetricFamily(
+            "genjob_open_items",
+            "Items of live jobs not yet final, by queue and state.",
+            labels=["queue", "state"],
+        )
+        for (queue, status), count in sorted(state["items"].items()):
+            items.add_metric([queue, status], count)
+        depth = GaugeMetricFamily(
+            "genjob_queue_depth", "Task messages waiting in the broker, by queue.", labels=["queue"]
+        )
+        for queue, count in sorted(state["queues"].items()):
+            depth.add_metric([queue], count)
+        yield from (jobs, items, depth)
