@@ -33,6 +33,7 @@ from genjob.tables import Job, utcnow
 SPARKS = "▁▂▃▄▅▆▇█"
 COLUMNS = 20  # sparkline width: the window in this many buckets
 RECENT_S = 60
+WIDE_OUTPUT = 240  # columns of a frame printed to a file or pipe
 
 
 def sparkline(values: Sequence[float | None]) -> str:
@@ -196,7 +197,8 @@ def top(interval: float, window: timedelta, once: bool) -> None:
     frame = collect(settings, window=window)
     history.add(frame)
     if once or not console.is_terminal:
-        console.print(render(frame, history))
+        wide = console if console.is_terminal else Console(width=WIDE_OUTPUT)  # a log or a pipe: no cropping
+        wide.print(render(frame, history))
         return
     try:
         with Live(render(frame, history), console=console, screen=True, auto_refresh=False) as live:

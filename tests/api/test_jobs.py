@@ -372,3 +372,28 @@ def test_embedded_mode_runs_the_job_after_answering(
         assert response.json()["status"] == "queued"
         job = local.get(f"/v1/jobs/{response.json()['id']}").json()  # the background task has run
     assert (job["status"], job["done"]) == ("completed", 3)
+
+
+def test_results_filtered_as_parquet_and_csv_safe(client: TestClient, api_settings: Settings) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    body = jsonl([{"prompt": "a", "id": "=1+1"}, {"prompt": "b", "id": "two"}])
+    job_id = client.post(
+        "/v1/jobs",
+        params={"model": "tiny", "max_new_tokens": 3},
+        content=body,
+        headers={"Content-Type": "application/jsonl"},
+    ).json()["id"]
+    run_pending_here(api_settings, job_id)
+    parquet = client.get(f"/v1/jobs/{job_id}/results", params={"format": "parquet"})
+    assert parquet.headers["content-type"] == "application/vnd.apache.parquet"
+    rows = pq.read_table(io.BytesIO(parquet.content)).to_pylist()
+    assert [(r["id"], r["status"], r["mode"]) for r in rows] == [
+        ("=1+1", "done", "draft"),
+        ("two", "done", "draft"),
+    ]
+    assert client.get(f"/v1/jobs/{job_id}/results", params={"status": "failed"}).text == ""
+    safe = client.get(f"/v1/jobs/{job_id}/results", params={"format": "csv", "csv_safe": True}).text
+    assert safe.splitlines()[1].startswith("'=1+1,0,1,done,")

@@ -88,3 +88,29 @@ def test_no_code_ever_trusts_remote_code() -> None:
     sources = [p for d in ("genjob", "worker", "api") for p in (root / d).rglob("*.py")]
     offenders = [str(p) for p in sources if "trust_remote_code=True" in p.read_text(encoding="utf-8")]
     assert sources and offenders == []
+
+
+def test_relative_allow_list_paths_resolve_against_the_stated_base(tmp_path: Path) -> None:
+    """GENJOB_MODELS_DIR (else this directory) is where relative paths start; jobs store them absolute."""
+    (tmp_path / "here").mkdir()
+    settings = Settings(
+        models={
+            "a": {"target": "models/demo/target", "draft": "./models/demo/draft"},
+            "b": {"target": "here"},
+            "c": {"target": "org/name"},
+            "d": {"target": "~/m"},
+        },
+        models_dir=str(tmp_path),
+    )
+    a = resolve_model(settings, "a", allow_paths=False)
+    assert (a.target, a.draft) == (str(tmp_path / "models/demo/target"), str(tmp_path / "models/demo/draft"))
+    assert resolve_model(settings, "b", allow_paths=False).target == str(tmp_path / "here")
+    assert resolve_model(settings, "c", allow_paths=False).target == "org/name"  # a hub id
+    assert resolve_model(settings, "d", allow_paths=False).target == str(Path("~/m").expanduser())
+
+
+def test_a_misspelt_name_gets_a_suggestion_on_the_api_too() -> None:
+    with pytest.raises(
+        JobOptionsError, match=r"unknown model 'demoo': did you mean 'demo'\? models are named"
+    ):
+        resolve_model(SETTINGS, "demoo", allow_paths=False)

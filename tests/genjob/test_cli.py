@@ -194,3 +194,13 @@ def test_retry_refuses_a_cancelled_job(embedded_env: str, scripted_models, tmp_p
         f"Error: job {job_id} ended cancelled: only failed items of a live, completed or failed job "
         "are retried\n",
     )
+
+
+def test_the_job_records_its_model_revisions_and_library_versions(
+    finished_job: str, embedded_env: str
+) -> None:
+    with session_scope(embedded_env) as session:
+        job = session.get(Job, finished_job)
+        assert job.model_revision.startswith("sha256:") and len(job.model_revision) == 71
+        assert job.assistant_revision.startswith("sha256:") and job.assistant_revision != job.model_revision
+        assert {"python", "genjob", "torch", "transformers"} <= set(job.versions)

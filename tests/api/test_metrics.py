@@ -1,0 +1,40 @@
+"""``GET /metrics`` on the API: requests by route template, jobs submitted by model, jobs by status, open
+items and queue depth from the database and the broker; behind the API key; no job ids in labels."""
+
+from __future__ import annotations
+
+from api_helpers import jsonl
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def values(text: str) -> dict[tuple[str, tuple], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_api_metrics(client: TestClient, queue_name: str) -> None:
+    body = jsonl([{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}])
+    job_id = client.post(
+        "/v1/jobs", params={"model": "tiny"}, content=body, headers={"Content-Type": "application/jsonl"}
+    ).json()["id"]
+    assert client.get(f"/v1/jobs/{job_id}").status_code == 200
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    metrics = values(response.text)
+    assert metrics[("genjob_api_jobs_submitted_total", (("model", "tiny"),))] == 1
+    route = (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "200"))
+    assert metrics[("genjob_api_requests_total", route)] == 1
+    assert metrics[("genjob_jobs", (("status", "queued"),))] >= 1
+    assert metrics[("genjob_open_items", (("queue", queue_name), ("state", "pending")))] == 3
+    assert metrics[("genjob_queue_depth", (("queue", queue_name),))] == 2  # chunks of 2
+    assert job_id not in response.text
+    client.post(f"/v1/jobs/{job_id}/cancel")
+
+
+def test_metrics_need_the_api_key(client: TestClient) -> None:
+    assert client.get("/metrics", headers={"Authorization": ""}).status_code == 401

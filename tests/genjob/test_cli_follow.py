@@ -1,0 +1,174 @@
+"""Following jobs from another terminal: wait --timeout, the idle-queue warning, top, lazy imports,
+and Ctrl-C in embedded mode (a real process: it must exit 130 and leave the job resumable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import REDIS_URL, write_jsonl
+from rich.console import Console
+from worker_processes import SCRIPTED_GENJOB, wait_for
+
+from genjob.cli import main
+from genjob.cli.top import COLUMNS, Frame, JobView, SpeedupHistory, render, sparkline
+from genjob.db import session_scope
+from genjob.store.activity import WorkerActivity
+from genjob.tables import Job
+
+
+@pytest.fixture
+def broker_env(pg_url: str, queue_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Postgres and a queue of this test's own, with no worker consuming it."""
+    monkeypatch.setenv("GENJOB_DATABASE_URL", pg_url)
+    monkeypatch.setenv("GENJOB_BROKER_URL", REDIS_URL)
+    monkeypatch.setenv("GENJOB_QUEUE", queue_name)
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "p.jsonl", ['{"prompt": "a"}', '{"prompt": "b"}'])
+    return tmp_path
+
+
+def test_wait_times_out_and_warns_that_nothing_consumes_the_queue(
+    broker_env: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GENJOB_QUEUE_IDLE_WARN_S", "0.3")
+    job_id = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--mode", "none"]).stdout.strip()
+    result = CliRunner().invoke(main, ["wait", job_id, "--timeout", "2s"])
+    assert result.exit_code == 5
+    warning, end = result.stderr.splitlines()
+    assert re.fullmatch(
+        rf"warning: no worker has taken anything from queue '{queue_name}' for \d s \(1 chunks waiting\): "
+        rf"is one running\? genjob worker -Q {queue_name}",
+        warning,
+    )
+    assert end == "still queued after 0:00:02: 0 done, 0 failed of 2"
+    assert CliRunner().invoke(main, ["cancel", job_id]).exit_code == 0
+
+
+def test_top_once_shows_the_live_jobs_and_the_queues(broker_env: Path, queue_name: str) -> None:
+    job_id = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--mode", "none"]).stdout.strip()
+    result = CliRunner().invoke(main, ["top", "--once"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if job_id in line)
+    assert "queued" in row and "░░░░░░░░░░   0% 0/2" in row
+    assert result.stdout.splitlines()[-1] == f"queues: {queue_name}: 1 waiting"
+    assert CliRunner().invoke(main, ["cancel", job_id]).exit_code == 0
+
+
+def test_top_frame_exact() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    job = Job(id="abc123def456", name="nightly", status="running", total=100, done=40, failed=2, queue="gpu")
+    job.new_tokens, job.busy_seconds, job.decode_seconds, job.probe_seconds, job.probe_tokens = 0, 0, 0, 0, 0
+    job.decode_tokens = 0
+    view = JobView(
+        job=job,
+        running=3,
+        tokens_per_s=[float(i) for i in range(COLUMNS)],
+        acceptance=[None] * (COLUMNS - 2) + [0.5, 1.0],
+        recent_items=6,
+        recent_tokens=600,
+        recent_accepted=30,
+        recent_proposed=40,
+    )
+    worker = WorkerActivity("genjob@gpu1", 42, 6000, now, 3)
+    frame = Frame(now=now, width=15, jobs=[view], workers=[worker], queues={"gpu": 4})
+    console = Console(width=240, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render(frame, SpeedupHistory()))
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "abc123def456" in line)
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells == [
+        "abc123def456 nightly",
+        "running (3 running)",
+        "████░░░░░░  42% 42/100",
+        "2",
+        "10.0",
+        "75%",
+        "-",
+        "0:09:40",
+        "▁▁▁▂▂▂▃▃▃▄▄▅▅▅▆▆▆▇▇█",
+        "▄█",  # no acceptance measured before the last two buckets
+        "",
+    ]
+    worker_row = next(line for line in text.splitlines() if "genjob@gpu1" in line)
+    assert [c.strip() for c in worker_row.split("│")[1:-1]] == ["genjob@gpu1", "3", "42", "20.0", "0 s ago"]
+    assert text.splitlines()[-1].strip() == "queues: gpu: 4 waiting"
+
+
+def test_sparkline_scales_to_its_largest_value() -> None:
+    assert sparkline([0, 1, 2, None, 8]) == "▁▁▂ █"
+    assert sparkline([None, 0.0]) == " ▁"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status", "nope"], ["jobs"]])
+def test_commands_that_need_no_model_import_no_torch(embedded_env: str, args: list[str]) -> None:
+    heavy = ("torch", "transformers", "genjob.worker.chunks", "genjob.generation.engine", "prometheus_client")
+    code = (
+        f"import sys\nfrom genjob.cli import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1] == "[]", done.stderr
+
+
+def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp_path: Path) -> None:
+    prompts = [json.dumps({"prompt": f"item {i} sleep=0.2"}) for i in range(15)]
+    write_jsonl(tmp_path / "p.jsonl", prompts)
+    env = {
+        **os.environ,
+        "GENJOB_DATABASE_URL": embedded_env,
+        "GENJOB_BATCH_SIZE": "1",
+        "GENJOB_CHUNK_SIZE": "4",
+    }
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).parents[1] / "doubles"), env.get("PYTHONPATH", "")]
+    )
+    process = subprocess.Popen(
+        [*SCRIPTED_GENJOB, "submit", "p.jsonl", "-m", "m", "--mode", "none", "--wait"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    job_id = process.stdout.readline().strip()
+
+    def done_items() -> int:
+        with session_scope(embedded_env) as session:
+            job = session.get(Job, job_id, populate_existing=True)
+            return job.done if job is not None else 0
+
+    wait_for(lambda: done_items() >= 2, timeout=60, what="two items done")
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "terminate called" not in err
+    match = re.search(
+        rf"interrupted: job {job_id} stopped \((\d+) of 15 done; (\d) items in flight given back\); "
+        rf"resume it with `genjob requeue {job_id}`, or drop it with `genjob cancel {job_id}`",
+        err,
+    )
+    assert match, err
+    with session_scope(embedded_env) as session:
+        assert session.get(Job, job_id).status == "running"
+
+    resumed = subprocess.run(
+        [*SCRIPTED_GENJOB, "requeue", job_id],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    with session_scope(embedded_env) as session:
+        job = session.get(Job, job_id, populate_existing=True)
+        assert (job.status, job.done, job.failed) == ("completed", 15, 0)
