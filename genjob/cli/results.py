@@ -102,9 +102,7 @@ def results(job_id: str, fmt: str, output: Path | None, status: str | None, csv_
             chunks = export_job(session, job=job, fmt=ResultFormat(fmt), status=status, csv_safe=csv_safe)
             if output is None:
                 terminal = _on_terminal()
-                stdout = click.get_text_stream(
-                    "stdout"
-                )  # not click.echo, which drops escape codes from pipes
+                stdout = sys.stdout  # not click.echo: it drops escape sequences from what goes to a pipe
                 for chunk in chunks:
                     stdout.write(printable(chunk) if terminal else chunk)
                 stdout.flush()
