@@ -49,11 +49,10 @@ def _safe_url(url: str) -> str:
 
 
 def database_message(exc: sa_exc.DBAPIError | sa_exc.ArgumentError, url: str) -> str:
-    reason = (
-        str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        if str(exc).strip()
-        else type(exc).__name__
-    )
+    """``database URL (password hidden): the driver's first line (check GENJOB_DATABASE_URL …)``."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    reason = lines[0] if lines else type(cause).__name__
     return f"database {_safe_url(url)}: {reason} (check GENJOB_DATABASE_URL and that the server is up)"
 
 

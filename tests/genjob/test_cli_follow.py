@@ -19,6 +19,7 @@ from rich.console import Console
 from worker_processes import SCRIPTED_GENJOB, wait_for
 
 from genjob.cli import main
+from genjob.cli.follow import IdleWatch, Pace
 from genjob.cli.top import COLUMNS, Frame, JobView, SpeedupHistory, render, sparkline
 from genjob.db import session_scope
 from genjob.store.activity import WorkerActivity
@@ -172,3 +173,40 @@ def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp
     with session_scope(embedded_env) as session:
         job = session.get(Job, job_id, populate_existing=True)
         assert (job.status, job.done, job.failed) == ("completed", 15, 0)
+
+
+def _job(done: int, tokens: int, accepted: int, proposed: int) -> Job:
+    return Job(
+        id="j",
+        status="running",
+        queue="gpu",
+        total=100,
+        done=done,
+        failed=0,
+        new_tokens=tokens,
+        draft_accepted=accepted,
+        draft_proposed=proposed,
+    )
+
+
+def test_the_progress_fields_are_the_recent_pace() -> None:
+    pace = Pace()
+    pace.add(_job(10, 1000, 0, 0), now=100.0)
+    assert pace.fields(_job(10, 1000, 0, 0)) == {"rate": "", "accept": "", "eta": ""}
+    later = _job(30, 5000, 300, 400)
+    pace.add(later, now=110.0)
+    assert pace.fields(later) == {"rate": "400 tok/s", "accept": "α 75%", "eta": "ETA 0:00:35"}
+
+
+def test_the_idle_warning_comes_once_until_something_moves() -> None:
+    idle = IdleWatch(warn_after=5)
+    queued = Job(id="j", status="queued", queue="gpu", done=0, failed=0)
+    assert idle.check(queued, running=0, depth=3, now=0.0) is None
+    assert idle.check(queued, running=0, depth=3, now=4.0) is None
+    assert idle.check(queued, running=0, depth=3, now=6.0) == (
+        "warning: no worker has taken anything from queue 'gpu' for 6 s (3 chunks waiting): "
+        "is one running? genjob worker -Q gpu"
+    )
+    assert idle.check(queued, running=0, depth=3, now=20.0) is None  # said once
+    assert idle.check(queued, running=0, depth=2, now=21.0) is None  # a chunk was taken: it moved
+    assert idle.check(queued, running=1, depth=2, now=40.0) is None  # a long item is running
