@@ -128,7 +128,7 @@ class CostModel:
 def _time_forward(model: PreTrainedModel, batch: int, q: int, context: int, repeats: int) -> float:
     cache = SlotCache(cache_shapes(model), dtype=model.dtype, device=model.device)
     cache.reserve(batch, context + q)
-    lengths = torch.full((batch,), context, dtype=torch.long, device=model.device)
+    lengths = [context] * batch
     tokens = torch.zeros(batch, q, dtype=torch.long, device=model.device)
     best = float("inf")
     for _ in range(repeats + 1):  # the first is a warm-up
@@ -165,6 +165,7 @@ def choose_draft_length(
     most drafts row i can use: its proposals and its tokens left − 1); ``current`` unless another k
     is better by more than ``margin``."""
     batch = len(acceptance)
+    k_max = min(k_max, max(room, default=0))  # drafts nobody can use would be verified for nothing
     best_k, best, at_current = 0, -1.0, -1.0
     for k in range(k_max + 1):
         tokens = sum(expected_tokens(a, min(k, m)) for a, m in zip(acceptance, room, strict=True))

@@ -37,7 +37,7 @@ class DraftModel:
     @torch.inference_mode()
     def admit(self, start: int, rows: list[Row], input_ids: torch.Tensor, lengths: torch.Tensor) -> None:
         """Prefill the prompts (every token but the last, as the target does) into slots start.."""
-        zero = torch.zeros(len(rows), dtype=torch.long, device=input_ids.device)
+        zero = [0] * len(rows)
         forward_rows(self.model, self.cache, (start, start + len(rows)), zero, input_ids, last=lengths - 1)
         for row in rows:
             row.draft_length = len(row.context) - 1
@@ -57,8 +57,8 @@ class DraftModel:
         width = max(len(chunk) for chunk in chunks)
         first = torch.tensor([chunk + [0] * (width - len(chunk)) for chunk in chunks], dtype=torch.long)
         last = torch.tensor([len(chunk) - 1 for chunk in chunks], device=device)
-        start_t = torch.tensor(starts, dtype=torch.long, device=device)
-        logits = forward_rows(self.model, self.cache, (0, b), start_t, first.to(device), last=last)
+        logits = forward_rows(self.model, self.cache, (0, b), starts, first.to(device), last=last)
+        ends = [len(row.context) - 1 for row in rows]  # each row's pending position
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for j in range(k):
@@ -67,9 +67,8 @@ class DraftModel:
             if q is not None:
                 probs.append(q)
             if j + 1 < k:
-                logits = forward_rows(self.model, self.cache, (0, b), view.lengths + j + 1, token[:, None])[
-                    :, 0
-                ]
+                at = [end + j + 1 for end in ends]
+                logits = forward_rows(self.model, self.cache, (0, b), at, token[:, None])[:, 0]
         return Proposal(
             tokens=torch.stack(tokens, 1), counts=[k] * b, probs=torch.stack(probs, 1) if probs else None
         )

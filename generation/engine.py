@@ -170,14 +170,16 @@ class Engine:
         width = max(len(ids) for ids in inputs)
         ids = torch.tensor([x + [0] * (width - len(x)) for x in inputs], dtype=torch.long, device=self.device)
         lengths = torch.tensor([len(x) for x in inputs], device=self.device)
-        zero = torch.zeros_like(lengths)
+        zero = [0] * len(new)
         self.rows.extend(new)
         try:
             logits = forward_rows(
                 self.target, self.cache, (start, start + len(new)), zero, ids, last=lengths - 1
             )
             sampling = self._sampling(new)
-            first = first_tokens(logits, sampling, torch.zeros_like(lengths)).tolist()
+            first = first_tokens(
+                logits, sampling, torch.zeros_like(lengths)
+            ).tolist()  # the prefill's host sync
             for row, is_fresh, token in zip(new, fresh, first, strict=True):
                 if is_fresh:
                     row.stats.rounds += 1
@@ -213,6 +215,8 @@ class Engine:
             return 0, True
         if self.fixed_k is not None:
             return self.fixed_k, False
+        if not any(room):
+            return 0, False
         estimates = acceptance_estimates(self.rows, self.stats)
         self.k = choose_draft_length(self.costs, estimates, room, k_max=self.k_max, current=self.k)
         if self.k == 0 and self._round % EXPLORE_EVERY == 0:
@@ -243,7 +247,7 @@ class Engine:
             drafts, counts, probs = proposal.tokens, proposal.counts, proposal.probs
         limits = [min(k, n, c) for n, c in zip(counts, caps, strict=True)]
         inputs = torch.cat([pending[:, None], drafts], 1)  # (B, k+1)
-        logits = forward_rows(self.target, self.cache, (0, b), lengths, inputs)
+        logits = forward_rows(self.target, self.cache, (0, b), old_lengths, inputs)
         verdict = verify_drafts(
             logits, drafts, probs, torch.tensor(limits, device=device), sampling, positions
         )

@@ -24,9 +24,16 @@ _CACHE_KWARG: dict[type, str] = {}
 def cache_kwarg(model: PreTrainedModel) -> str:
     """The forward's cache argument: ``cache`` in newer transformers (``past_key_values`` is
     deprecated there), ``past_key_values`` in older ones; accept either."""
-    return _CACHE_KWARG.setdefault(
-        type(model), "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    )
+    name = _CACHE_KWARG.get(type(model))
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        _CACHE_KWARG[type(model)] = name
+    return name
+
+
+def same(values: list[int]) -> int | None:
+    """The value if every one is equal (a host-side check, no device sync), else None."""
+    return values[0] if values and min(values) == max(values) else None
 
 
 def max_positions(model: PreTrainedModel) -> int | None:
@@ -66,7 +73,7 @@ def forward_rows(
     model: PreTrainedModel,
     cache: SlotCache,
     rows: tuple[int, int],
-    lengths: torch.Tensor,
+    lengths: list[int],
     input_ids: torch.Tensor,
     *,
     last: torch.Tensor | None = None,
@@ -74,16 +81,18 @@ def forward_rows(
     """Forward (rows, q) new tokens of slots [start, stop) at positions lengths_r + 0..q-1.
 
     Returns logits (rows, q, V), or, with ``last`` (rows,) the index of each row's last real token,
-    only those logits (rows, V) (a prefill: the head runs on one position per row).
+    only those logits (rows, V) (a prefill: the head runs on one position per row). ``lengths`` come from
+    the host, so nothing here waits for the device; when they are all equal the K/V write is a slice.
     Tokens past a row's end (drafts it can never accept, padding) may index past a learned position
     table; they are never kept and only later padding sees them, so their positions are clamped."""
     n, q = input_ids.shape
     steps = torch.arange(q, device=input_ids.device)
-    positions = lengths[:, None] + steps  # (rows, q)
-    width = int(lengths.max()) + q
+    positions = torch.tensor(lengths, device=input_ids.device)[:, None] + steps  # (rows, q)
+    width = max(lengths) + q
     cursor = cache.cursor
     cursor.start, cursor.stop = rows
     cursor.columns, cursor.width = positions, width
+    cursor.first = same(lengths)
     allowed = torch.arange(width, device=steps.device) <= positions[:, :, None]  # (rows, q, width)
     limit = max_positions(model)
     if limit is not None:

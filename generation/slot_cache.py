@@ -30,6 +30,7 @@ class Cursor:
         self.start = 0
         self.stop = 0
         self.columns = torch.zeros(0, 0, dtype=torch.long)
+        self.first: int | None = None  # the first column, when every row writes from the same one
         self.width = 0
 
 
@@ -51,9 +52,14 @@ class SlotLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor  # key_states (rows, heads, q, head_dim)
         keys, values = self.buffers()
-        rows = torch.arange(c.start, c.stop, device=key_states.device)[:, None].expand_as(c.columns)
-        keys.transpose(1, 2)[rows, c.columns] = key_states.transpose(1, 2)
-        values.transpose(1, 2)[rows, c.columns] = value_states.transpose(1, 2)
+        if c.first is not None:  # every row writes the same columns: a slice, no index
+            q = key_states.shape[2]
+            keys[c.start : c.stop, :, c.first : c.first + q] = key_states
+            values[c.start : c.stop, :, c.first : c.first + q] = value_states
+        else:
+            rows = torch.arange(c.start, c.stop, device=key_states.device)[:, None].expand_as(c.columns)
+            keys.transpose(1, 2)[rows, c.columns] = key_states.transpose(1, 2)
+            values.transpose(1, 2)[rows, c.columns] = value_states.transpose(1, 2)
         return keys[c.start : c.stop, :, : c.width], values[c.start : c.stop, :, : c.width]
 
     def get_seq_length(self, *args: Any, **kwargs: Any) -> int:

@@ -44,7 +44,11 @@ class Settings(BaseSettings):
         description="Redis visibility timeout: an unacked chunk is redelivered after this; "
         "must be longer than any chunk takes.",
     )
-    chunk_size: int = Field(default=16, ge=1, description="Items per task message.")
+    chunk_size: int = Field(
+        default=64,
+        ge=1,
+        description="Items per task message; a worker decodes up to min(batch size, chunk) of them together.",
+    )
     max_new_tokens: int = Field(default=128, ge=1, description="Default new tokens per item.")
     max_new_tokens_limit: int = Field(default=8192, ge=1, description="Largest max_new_tokens accepted.")
     max_line_bytes: int = Field(default=1 << 20, ge=1024, description="Longest accepted JSONL line.")

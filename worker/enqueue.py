@@ -23,6 +23,11 @@ def enqueue_job(settings: Settings, *, job_id: str, chunk_size: int) -> int:
     from genjob.worker.chunks import process_chunk
     from genjob.worker.leasing import worker_name
 
+    if settings.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+
     with session_scope(settings.database_url) as session:
         leases.reclaim_expired_leases(session, job_id=job_id)
         chunks = list(store.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))

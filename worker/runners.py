@@ -101,8 +101,10 @@ class JobRunner:
         k_max = gamma if proposer is not None else 0
         batch = batch_size_for(spec, settings)
         if batch is None:
-            probe = measured_costs(spec.model, draft, device, dtype, LARGEST_PROBED_BATCH, k_max)
-            batch = suggested_batch_size(probe)
+            plain = measured_costs(
+                spec.model, None, device, dtype, LARGEST_PROBED_BATCH, 0
+            )  # one-token steps
+            batch = suggested_batch_size(plain)
         probe_every = (
             round(1 / spec.baseline_fraction) if proposer is not None and spec.baseline_fraction else 0
         )

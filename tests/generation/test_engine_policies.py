@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import Reference, flat_costs, perturbed, request
+from model_factory import build_model, build_tokenizer
 
 from genjob.generation.costs import CostModel, choose_draft_length, expected_speedup, expected_tokens
 from genjob.generation.draft_model import DraftModel
@@ -48,14 +49,18 @@ def test_expected_speedup_is_leviathans_with_the_measured_verify_cost() -> None:
     assert expected_speedup(model, alpha, {}, 1.0) is None
 
 
-def test_a_draft_that_never_agrees_and_costs_as_much_decodes_plainly(target, tiny_pair) -> None:
-    tokenizer = load_tokenizer(str(tiny_pair[0]))
-    dear = costs(1.0, [1.0] + [1.0 + 0.1 * q for q in range(1, 9)])
-    engine = Engine(target, DraftModel(load_model(str(tiny_pair[1]))), max_rows=4, k_max=8, costs=dear)
-    requests = [request(i, tokenizer(f"def f{i}(x):")["input_ids"], 30) for i in range(4)]
+def test_a_draft_that_costs_more_than_it_saves_leaves_rows_to_plain_decoding() -> None:
+    """A 6-layer draft for a 1-layer target that never agrees: the measured costs (and the live rounds)
+    make k = 0 the best choice, so the rounds are plain but for the exploration ones."""
+    tokenizer = build_tokenizer()
+    target = build_model(tokenizer, n_layer=1, n_embd=32, seed=3)
+    draft = build_model(tokenizer, n_layer=6, n_embd=128, seed=4)
+    costs = CostModel.measure(target, draft, max_batch=4, max_query=9)
+    engine = Engine(target, DraftModel(draft), max_rows=4, k_max=8, costs=costs)
+    requests = [request(i, tokenizer(f"def f{i}(x):")["input_ids"], 40) for i in range(4)]
     list(engine.generate(requests))
-    plain = engine.stats.gamma_hist[0]
-    assert plain / sum(engine.stats.gamma_hist.values()) > 0.8  # k = 0 but for exploration rounds
+    hist = engine.stats.gamma_hist
+    assert hist[0] / sum(hist.values()) > 0.7, hist
 
 
 def test_probe_rounds_decode_plainly_and_are_counted(target, tiny_pair) -> None:

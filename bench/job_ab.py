@@ -1,0 +1,98 @@
+"""A job's reported speedup against the job-to-job truth: the same prompts, once plainly, once with the draft.
+
+Each pair of jobs goes through the real CLI (``genjob submit --wait``, embedded mode, a fresh SQLite
+database, one torch thread) at the same batch size; the truth is the plain job's elapsed time
+(started → finished) over the draft job's. The draft job's own ``measured speedup`` (from its probe
+rounds) must land within ±20 % of it. Runs alternate plain / draft, so drift hits both alike.
+
+    taskset -c 1 .venv/bin/python bench/job_ab.py [--n 64] [--new 64] [--batches 1,8,32] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from genjob.db import session_scope
+from genjob.stats import job_stats
+from genjob.tables import Job
+
+ROOT = Path(__file__).resolve().parents[1]
+GENJOB = str(Path(sys.executable).with_name("genjob"))
+HELD_OUT = ROOT / "bench" / "prompts" / "heldout.jsonl"
+
+
+def run_job(
+    prompts: Path, *, mode: str, batch: int, new: int, database: str
+) -> tuple[float, float | None, str]:
+    """(elapsed seconds, reported measured speedup, job id) of one embedded job."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
+    env.update(GENJOB_DATABASE_URL=database, GENJOB_TORCH_THREADS="1", OMP_NUM_THREADS="1")
+    argv = [
+        GENJOB,
+        "submit",
+        str(prompts),
+        "-m",
+        str(ROOT / "models/demo/target"),
+        "--max-new-tokens",
+        str(new),
+        "--batch-size",
+        str(batch),
+        "--chunk-size",
+        "100000",
+        "--wait",
+    ]
+    argv += ["--mode", "none"] if mode == "none" else ["-a", str(ROOT / "models/demo/draft")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    job_id = done.stdout.split()[0]
+    with session_scope(database) as session:
+        job = session.get_one(Job, job_id)
+        assert job.started_at and job.finished_at
+        elapsed = (job.finished_at - job.started_at).total_seconds()
+        return elapsed, job_stats(job).measured_speedup, job_id
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--prompts", type=Path, default=HELD_OUT if HELD_OUT.exists() else ROOT / "examples/prompts.jsonl"
+    )
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        lines = [json.loads(line) for line in args.prompts.read_text(encoding="utf-8").splitlines()]
+        short = [{"prompt": line["prompt"]} for line in lines if len(line["prompt"]) < 600][: args.n]
+        prompts = Path(scratch) / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps(line) + "\n" for line in short))
+        database = f"sqlite:///{scratch}/ab.db"
+        print(f"# {len(short)} prompts, {args.new} new tokens, embedded jobs, 1 torch thread")
+        print("| B | plain job s | draft job s | job-to-job speedup | reported measured | reported / truth |")
+        print("|---|---|---|---|---|---|")
+        worst = 0.0
+        for batch in [int(b) for b in args.batches.split(",")]:
+            for _ in range(args.repeats):
+                plain, _, _ = run_job(prompts, mode="none", batch=batch, new=args.new, database=database)
+                spec, reported, _ = run_job(
+                    prompts, mode="draft", batch=batch, new=args.new, database=database
+                )
+                truth = plain / spec
+                ratio = (reported or 0) / truth
+                worst = max(worst, abs(ratio - 1))
+                cells = [f"{batch}", f"{plain:.1f}", f"{spec:.1f}", f"{truth:.2f}x", f"{reported or 0:.2f}x"]
+                print("| " + " | ".join([*cells, f"{ratio:.2f}"]) + " |", flush=True)
+        print(
+            f"# largest deviation of the reported speedup from the job-to-job truth: {worst:.0%} (goal ≤ 20%)"
+        )
+        return 0 if worst <= 0.2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
