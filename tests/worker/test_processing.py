@@ -21,8 +21,8 @@ PROMPTS = ["def foo(x):", "import os", "class A:", "for i in range(3):", "return
 def submit(tmp_path: Path, *args: str) -> str:
     write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS])
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--max-new-tokens", "12", *args])
-    assert result.exit_code == 0, result.output
-    return result.output.strip()
+    assert result.exit_code in (0, 3), result.output  # 3: the job ended with failed items
+    return result.stdout.strip()
 
 
 def test_job_aggregates_are_the_sums_of_its_items(embedded_env: str, tiny_pair, tmp_path: Path) -> None:
