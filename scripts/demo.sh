@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# A real demo job end to end on a fresh machine, embedded mode (no broker, SQLite ./genjob.db):
-# submit the example prompts to the demo target + draft, follow the progress, print results and stats.
+# A real demo end to end on a fresh machine, embedded mode (no broker, SQLite ./genjob.db): the example
+# prompts (held out from the demo pair's training) as two jobs on the demo target + draft, one greedy and
+# one sampled (T=0.8), a few outputs of each, then the stats of both side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 unset GENJOB_BROKER_URL GENJOB_DATABASE_URL
 genjob=.venv/bin/genjob
-job=$($genjob submit examples/prompts.jsonl --model models/demo/target --assistant models/demo/draft \
-  --max-new-tokens 64 --baseline-fraction 0.25 --name demo --wait)
-echo
-echo "==> results of job $job (genjob results $job)"
-$genjob results "$job" | .venv/bin/python -c '
+submit() {
+  $genjob submit examples/prompts.jsonl --model models/demo/target --assistant models/demo/draft \
+    --max-new-tokens 64 --batch-size 8 --baseline-fraction 0.25 "$@" --wait
+}
+greedy=$(submit --name demo-greedy)
+sampled=$(submit --name demo-sampled --temperature 0.8 --seed 1)
+show() {
+  echo
+  echo "==> $1: the first outputs of job $2 (genjob results $2)"
+  $genjob results "$2" | .venv/bin/python -c '
 import json, sys
-for line in sys.stdin:
+for number, line in enumerate(sys.stdin):
+    if number == 3:
+        break
     r = json.loads(line)
-    name = r["id"] or r["index"]
-    print("--- %s (%s, %s new tokens, %s rounds)" % (name, r["status"], r["new_tokens"], r["target_rounds"]))
+    print("--- %s (%s, %s new tokens, %s rounds)" % (r["id"] or r["index"], r["status"], r["new_tokens"], r["target_rounds"]))
     print(r["output"] if r["output"] is not None else r["error"])
 '
+}
+show "greedy" "$greedy"
+show "sampled, T=0.8" "$sampled"
 echo
-echo "==> stats (genjob stats $job)"
-$genjob stats "$job"
+echo "==> stats side by side (genjob stats $greedy; genjob stats $sampled)"
+.venv/bin/python - "$greedy" "$sampled" <<'EOF'
+import subprocess, sys
+left, right = (subprocess.run([".venv/bin/genjob", "stats", job], capture_output=True, text=True, check=True)
+               .stdout.splitlines() for job in sys.argv[1:])
+rows = [(a.partition(":")[0], a.partition(":")[2].strip(), b.partition(":")[2].strip()) for a, b in zip(left, right)]
+rows = [row for row in rows if row[0] not in ("costs",)]  # long lines: see genjob stats
+print(f"{'':<24} {'greedy':<40} sampled, T=0.8")
+for label, a, b in rows:
+    print(f"{label + ':':<24} {a:<40} {b}")
+EOF

@@ -90,7 +90,7 @@ class ItemLoop:
     context: ChunkContext
     outcome: ChunkOutcome
     in_flight: dict[int, tuple[Item, int]] = field(default_factory=dict)  # item id -> (item, attempt)
-    twins: dict[int, list[int] | None] = field(default_factory=dict)  # item id -> plain twin's tokens
+    twins: dict[int, Finished | None] = field(default_factory=dict)  # item id -> its plain twin, once done
     held: dict[int, Finished] = field(default_factory=dict)  # items done, waiting for their twin
     alone: list[int] = field(default_factory=list)  # items of a lost batch, to run one at a time
 
@@ -158,7 +158,7 @@ class ItemLoop:
 
     def _finished(self, done: Finished) -> None:
         if done.key < 0:  # a plain twin
-            self.twins[-done.key] = done.token_ids
+            self.twins[-done.key] = done
             item_done = self.held.pop(-done.key, None)
             if item_done is not None:
                 self._write(item_done)
@@ -171,10 +171,15 @@ class ItemLoop:
     def _write(self, done: Finished) -> None:
         item, attempt_id = self.in_flight.pop(done.key)
         twin = self.twins.pop(done.key, None)
-        lossless = None if twin is None else twin == done.token_ids
+        lossless = None if twin is None else twin.token_ids == done.token_ids
+        if twin is not None:  # the check's cost is the item's: its latency carries the twin's share
+            done.stats.latency_s += twin.stats.latency_s
         if lossless is False:
             log.warning(
-                "item %s: speculative output differs from plain: %s vs %s", item.seq, done.token_ids, twin
+                "item %s: speculative output differs from plain: %s vs %s",
+                item.seq,
+                done.token_ids,
+                twin.token_ids if twin else None,
             )
         row = result_row(self.runner, done, self.context.worker, lossless)
         if self.context.tx(store.finish_item, item=item, attempt_id=attempt_id, result=row):

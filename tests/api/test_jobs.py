@@ -271,14 +271,18 @@ def test_list_newest_first_paginated_and_filtered(client: TestClient) -> None:
 
 
 def test_get_a_job_with_its_counts_and_stats(client: TestClient, api_settings: Settings) -> None:
-    job_id = submit(client)["id"]
+    job_id = submit(client, schedule="constant", draft_tokens=3)["id"]  # drafts every round: stats to check
     run_pending_here(api_settings, job_id)
     job = client.get(f"/v1/jobs/{job_id}").json()
     assert (job["status"], job["total"], job["done"], job["failed"]) == ("completed", 3, 3, 0)
     stats = job["stats"]
     assert stats["new_tokens"] == 5 + 3 + 5
     assert stats["new_tokens"] == stats["target_rounds"] + stats["draft_accepted"]
+    assert stats["draft_proposed"] > 0
     assert stats["acceptance_rate"] == pytest.approx(stats["draft_accepted"] / stats["draft_proposed"])
+    tried = stats["draft_accepted"] + stats["draft_rejections"]
+    assert stats["alpha"] == pytest.approx(stats["draft_accepted"] / tried)
+    assert set(stats["gamma_hist"]) == {"3"}  # constant γ; probe rounds are not in the histogram
     assert client.get(f"/v1/jobs/{job_id[:8]}").json()["id"] == job_id  # a unique prefix will do
 
 
