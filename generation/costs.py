@@ -2,8 +2,11 @@
 
 ``CostModel.measure`` times the target's forward of q new tokens per row at a few batch sizes B
 (powers of two) and query lengths q, at a representative cache length, and the draft's one-token
-step; between grid points it interpolates linearly. Live rounds keep it honest: each observed round
-time updates a correction factor per draft length (an exponential average of measured / predicted).
+step, in several interleaved passes keeping each point's fastest time (a busy machine only ever adds
+time, so a point dearer than a larger one takes the larger one's); between grid points it interpolates
+linearly. Live rounds keep it honest: a round also costs the host's own work (proposals, acceptance,
+bookkeeping), which the forwards alone do not show, so each observed round moves an additive residual
+per draft length (an exponential average of measured − predicted); a k not yet run borrows k = 0's.
 
 Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room for m_i(k) drafts
 yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
@@ -16,6 +19,7 @@ Must not know: the database, Celery, HTTP, the core.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -29,7 +33,7 @@ from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
 
-LIVE_WEIGHT = 0.1  # weight of a new observation in the live correction
+LIVE_WEIGHT = 0.1  # weight of a new observation in the live residual
 SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
 
 
@@ -52,7 +56,7 @@ class CostModel:
     verify: dict[int, list[float]]
     draft: dict[int, float]
     context: int
-    correction: dict[int, float] = field(default_factory=dict)
+    residual: dict[int, float] = field(default_factory=dict)  # live: measured − predicted seconds, by k
 
     def verify_seconds(self, batch: int, q: int) -> float:
         by_batch = [_interpolate(self.query_lengths, self.verify[b], q) for b in self.batch_sizes]
@@ -66,13 +70,14 @@ class CostModel:
         return k * self.draft_seconds(batch) + self.verify_seconds(batch, k + 1)
 
     def round_seconds(self, batch: int, k: int) -> float:
-        return self.predicted(batch, k) * self.correction.get(k, self.correction.get(0, 1.0))
+        predicted = self.predicted(batch, k)
+        return max(predicted + self.residual.get(k, self.residual.get(0, 0.0)), 0.5 * predicted)
 
     def observe(self, batch: int, k: int, seconds: float) -> None:
-        """A live round took ``seconds``: move the correction for k towards measured / predicted."""
-        ratio = seconds / self.predicted(batch, k)
-        old = self.correction.get(k)
-        self.correction[k] = ratio if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * ratio
+        """A live round took ``seconds``: move k's residual towards measured − predicted."""
+        gap = seconds - self.predicted(batch, k)
+        old = self.residual.get(k)
+        self.residual[k] = gap if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * gap
 
     def at_batch(self, batch: float, ks: Sequence[int]) -> dict[str, object]:
         """The costs at one batch size (ms): a plain step, a draft step, a verification of k+1 tokens."""
@@ -103,41 +108,76 @@ class CostModel:
         max_batch: int,
         max_query: int,
         context: int = 64,
-        repeats: int = 2,
+        passes: int = 3,
     ) -> CostModel:
-        """Time the grid (fastest of ``repeats`` after a warm-up): B = 1, 2, 4, … ≤ max_batch (stopping
-        early once a forward takes over half a second), q = 1, 2, 3, 4, 6, 8, … ≤ max_query."""
+        """Time the grid: B = 1, 2, 4, … ≤ max_batch (stopping early once a forward takes over half a
+        second), q = 1, 2, 3, 4, 6, 8, … ≤ max_query; each point's fastest of ``passes`` interleaved
+        passes (three forwards each) after a warm-up pass, then made non-decreasing in q and in B."""
         queries = sorted({q for q in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if q <= max_query} | {max_query})
-        batches: list[int] = []
-        verify: dict[int, list[float]] = {}
-        drafts: dict[int, float] = {}
-        b = 1
-        while b <= max_batch:
-            verify[b] = [_time_forward(target, b, q, context, repeats) for q in queries]
-            drafts[b] = _time_forward(draft, b, 1, context, repeats) if draft is not None else 0.0
-            batches.append(b)
-            if verify[b][-1] > SLOW_FORWARD_S or b == max_batch:
-                break
-            b = min(2 * b, max_batch)
+        batches = [1]
+        while batches[-1] < max_batch:
+            batches.append(min(2 * batches[-1], max_batch))
+        timers = {b: _Timer(target, draft, b, queries[-1], context) for b in batches}
+        verify = {b: [float("inf")] * len(queries) for b in batches}
+        drafts = {b: float("inf") if draft is not None else 0.0 for b in batches}
+        for number in range(passes + 1):  # pass 0 warms every shape up and is not kept
+            for b in list(timers):
+                if b not in timers:
+                    continue
+                timer = timers[b]
+                for i, q in enumerate(queries):
+                    seconds = timer.target(q)
+                    verify[b][i] = min(verify[b][i], seconds) if number else verify[b][i]
+                if draft is not None:
+                    drafts[b] = min(drafts[b], timer.draft()) if number else drafts[b]
+                if number == 0 and seconds > SLOW_FORWARD_S:  # too slow to be worth batching further
+                    for larger in [x for x in timers if x > b]:
+                        del timers[larger], verify[larger], drafts[larger]
+        batches = sorted(verify)
+        # More tokens never cost less, and noise only ever adds time: a point dearer than a larger one
+        # was slowed down, so each takes the least of itself and every larger point (in q, then in B).
+        for b in batches:
+            for i in range(len(queries) - 2, -1, -1):
+                verify[b][i] = min(verify[b][i], verify[b][i + 1])
+        for larger, smaller in itertools.pairwise(reversed(batches)):
+            verify[smaller] = [min(a, c) for a, c in zip(verify[smaller], verify[larger], strict=True)]
+            drafts[smaller] = min(drafts[smaller], drafts[larger])
         model = cls(batches, queries, verify, drafts, context)
         log.info("cost model: %s", model.as_dict())
         return model
 
 
-@torch.inference_mode()
-def _time_forward(model: PreTrainedModel, batch: int, q: int, context: int, repeats: int) -> float:
-    cache = SlotCache(cache_shapes(model), dtype=model.dtype, device=model.device)
-    cache.reserve(batch, context + q)
-    lengths = [context] * batch
-    tokens = torch.zeros(batch, q, dtype=torch.long, device=model.device)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first is a warm-up
+class _Timer:
+    """Forwards of dummy tokens at ``context`` cached tokens per row, timed (a sync around each on GPU)."""
+
+    def __init__(
+        self, target: PreTrainedModel, draft: PreTrainedModel | None, batch: int, max_query: int, context: int
+    ) -> None:
+        self.batch, self.context = batch, context
+        self.models = [(target, self._cache(target, max_query))]
+        if draft is not None:
+            self.models.append((draft, self._cache(draft, 1)))
+
+    def _cache(self, model: PreTrainedModel, q: int) -> SlotCache:
+        cache = SlotCache(cache_shapes(model), dtype=model.dtype, device=model.device)
+        cache.reserve(self.batch, self.context + q)
+        return cache
+
+    @torch.inference_mode()
+    def _time(self, index: int, q: int) -> float:
+        model, cache = self.models[index]
+        tokens = torch.zeros(self.batch, q, dtype=torch.long, device=model.device)
         _synchronize(model.device)
         started = time.perf_counter()
-        forward_rows(model, cache, (0, batch), lengths, tokens)
+        forward_rows(model, cache, (0, self.batch), [self.context] * self.batch, tokens)
         _synchronize(model.device)
-        best = min(best, time.perf_counter() - started)
-    return best
+        return time.perf_counter() - started
+
+    def target(self, q: int) -> float:
+        return min(self._time(0, q) for _ in range(3))
+
+    def draft(self) -> float:
+        return min(self._time(1, 1) for _ in range(3))
 
 
 def _synchronize(device: torch.device) -> None:
