@@ -204,6 +204,8 @@ class Engine:
             top_p=torch.tensor([row.request.top_p for row in rows], device=device),
             seeds=torch.tensor([row.request.seed for row in rows], dtype=torch.long, device=device),
             all_greedy=all(row.request.greedy for row in rows),
+            any_greedy=any(row.request.greedy for row in rows),
+            any_top_p=any(row.request.top_p < 1 for row in rows),
         )
 
     def _choose_k(self, room: list[int]) -> tuple[int, bool]:

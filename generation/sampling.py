@@ -50,7 +50,11 @@ class RowSampling:
     temperature: torch.Tensor  # float; 0 = greedy
     top_p: torch.Tensor  # float in (0, 1]
     seeds: torch.Tensor  # int64
-    all_greedy: bool = False  # known on the host: every row greedy (argmax only, no distributions)
+    # Known on the host (no device sync to find out): every row greedy (argmax only, no distributions),
+    # some row greedy, some row with top_p < 1.
+    all_greedy: bool = False
+    any_greedy: bool = True
+    any_top_p: bool = True
 
     @property
     def greedy(self) -> torch.Tensor:
@@ -64,10 +68,10 @@ def probabilities(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
     b, k, _v = logits.shape
     temperature = sampling.temperature.clamp(min=1e-5)[:, None, None].to(torch.float32)
     probs = torch.softmax(logits.to(torch.float32) / temperature, dim=-1)
-    if bool((sampling.top_p < 1).any()):
+    if sampling.any_top_p:
         probs = _top_p(probs, sampling.top_p[:, None].expand(b, k))
     greedy = sampling.greedy[:, None, None]
-    if bool(greedy.any()):
+    if sampling.any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy, one_hot, probs)
     return probs
