@@ -293,6 +293,16 @@ def write_model_card(out: Path, m: dict[str, Any]) -> None:
         not base or new8["nats_per_byte"] < base["loss_legacy8"]["nats_per_byte"]
     )
     held = ", ".join(m["heldout_files"])
+    two_step = ""
+    if tr.get("resumed_target"):
+        two_step = """
+Made in two invocations: first the data, tokenizer and stacking stages (`train.log` starts with that
+run, which also distilled and evaluated a draft for the stacked target; that code had no unlikelihood
+stage, like `--ul-steps 0`), then the command above. In one go (stacking, unlikelihood, distillation,
+evaluation; the target is round-tripped through fp16 after stacking in both paths):
+
+    .venv/bin/python scripts/train_demo_pair.py --out models/demo --baseline /tmp/demo-old/models/demo
+"""
     ul, ul_text = t.get("unlikelihood"), ""
     if ul:
         ul_text = f"""
@@ -304,8 +314,16 @@ def write_model_card(out: Path, m: dict[str, Any]) -> None:
   in those greedy continuations: {ul["repeated_share_first"]:.3f} in the first {10} steps,
   {ul["repeated_share_last"]:.3f} in the last; held-out loss (same blocks) {ul["eval_before"]:.3f} ->
   {ul["eval_after"]:.3f}. {ul["minutes"]:.1f} min."""
-        if tr.get("resumed_target"):
-            ul_text += " (Run with `--resume-target` on the stacked target saved by the first run.)"
+        pre = m.get("eval_before_unlikelihood")
+        if pre:
+            ul_text += (
+                f" Before this stage the pair scored: greedy repeated-3-gram fraction "
+                f"{pre['greedy']['all']['rep3']:.3f}, EOS {pre['greedy']['all']['eos_items']}/"
+                f"{pre['greedy']['all']['items']}, T={ev['temperature']} "
+                f"{pre['sampled']['all']['rep3']:.3f}, "
+                f"loss on the 8 files {pre['loss_legacy8']['nats_per_token']:.3f} nats/token, "
+                f"α {pre['alpha']:.3f}, acceptance rate {pre['acceptance_rate']:.3f}."
+            )
     all_held = ev["loss_all_heldout"]
     ok = lambda flag: "yes" if flag else "**no**"  # noqa: E731
     samples = "\n\n".join(
@@ -317,7 +335,7 @@ def write_model_card(out: Path, m: dict[str, Any]) -> None:
 
 Tiny GPT-2 models trained from scratch, offline, on the Python {m["python"]} standard library. They write
 plausible-looking, not correct, Python; trained with EOS after every top-level definition so that greedy
-output can stop instead of looping.
+output can stop, and fine-tuned with an unlikelihood loss on their own greedy loops.
 Made by `scripts/train_demo_pair.py` (evaluation: `scripts/demo_pair_eval.py`, prompts:
 `scripts/heldout_prompts.py`).
 
@@ -438,7 +456,7 @@ headline.*
 evaluation; full log in `train.log`:
 
     {m["command"]}
-
+{two_step}
 `--baseline` points at the old pair, the one of commit 7972bdc, unpacked with
 `git archive 7972bdc models/demo | tar -x -C /tmp/demo-old` (`--eval-only --baseline ...` re-evaluates only).
 Prompts alone: `.venv/bin/python scripts/heldout_prompts.py`.

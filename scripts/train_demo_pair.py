@@ -8,7 +8,9 @@ decoding learns to stop after a definition instead of looping. Exact duplicate d
 
 A byte-level BPE tokenizer and a target GPT-2 are trained from scratch; the target grows by progressive
 stacking (a shallow wide model takes most of the steps, then it is deepened function-preservingly and
-trained on under one global cosine schedule) so that it is deep enough for a cheap 1-layer draft. The draft
+trained on under one global cosine schedule) so that it is deep enough for a cheap 1-layer draft; then a
+short sequence-level unlikelihood fine-tune penalises the n-gram repeats of its own greedy continuations
+(``--resume-target`` runs only that and what follows, on the saved stacked target). The draft
 starts from the target's embeddings and first block and is distilled from it (KL on the target's logits +
 a little CE). Both are saved as fp16 safetensors with the tokenizer; the held-out prompt files are
 rewritten; then ``demo_pair_eval.py`` measures held-out loss, loops, EOS rate, c and α and writes the card.
@@ -540,32 +542,7 @@ def train_pair(args: argparse.Namespace, train_files: list[Path], held_files: li
         0.0,
     )
     save(draft, tok, args.out / "draft")
-    keys = (
-        "seq_len",
-        "target_stages",
-        "target_steps",
-        "regrow_warmup",
-        "target_batch",
-        "draft_steps",
-        "draft_batch",
-        "lr",
-        "draft_lr",
-        "warmup",
-        "ce_weight",
-        "ul_steps",
-        "ul_batch",
-        "ul_prefix",
-        "ul_new",
-        "ul_ngram",
-        "ul_weight",
-        "ul_mle_batch",
-        "ul_lr",
-        "bf16",
-        "seed",
-        "threads",
-        "eval_blocks",
-    )
-    training = {k: getattr(args, k) for k in keys}
+    training = {k: getattr(args, k) for k in (*OPTIONS, "target_steps", "bf16")}  # every setting
     training.update(
         train_files=len(train_files),
         heldout_files=len(held_files),
@@ -616,6 +593,9 @@ def main() -> None:
         metrics = train_pair(args, train_files, held_files)
         if (args.resume_target or args.skip_target) and "baseline" in old:  # same tokenizer, same prompts
             metrics["baseline"] = old["baseline"]
+        if args.resume_target and "eval" in old:  # the stacked pair's results, before unlikelihood
+            keys = ("loss_legacy8", "greedy", "sampled", "alpha", "acceptance_rate", "c")
+            metrics["eval_before_unlikelihood"] = {k: old["eval"][k] for k in keys}
         metrics["heldout_files"] = rel
         metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
     tok = AutoTokenizer.from_pretrained(args.out / "target")
