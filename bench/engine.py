@@ -7,6 +7,9 @@ decoding at the same batch size (greedy rows against greedy plain, sampled again
 Beside it: the expected speedup (Leviathan et al. with the measured verify cost, from the run's α,
 its γ histogram and the costs measured at that B) and the limit (the best constant γ for that α).
 Outputs are checked: greedy rows must equal plain decoding (the count of differing rows is shown).
+Each batch size's prompts go in groups of B, and every mode decodes a group before the next group
+starts (wall time, one thread pinned to one core), so a slow spell of a shared machine lands on every
+mode alike and the ratios hold.
 
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
     taskset -c 1 .venv/bin/python bench/engine.py --long     # the long held-out prompts (200–440 tokens)
@@ -20,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -50,59 +54,74 @@ def load_prompts(path: Path, tokenizer, *, n: int, long: bool, room: int) -> lis
     return chosen
 
 
+class Tally:
+    """One mode's sums over the groups of a batch size: seconds, tokens, outputs and engine stats."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.tokens = 0
+        self.outputs: dict[int, list[int]] = {}
+        self.accepted = self.rejections = self.rounds = self.rows_sum = 0
+        self.gamma: Counter[int] = Counter()
+        self.engine = False
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def alpha(self) -> float | None:
+        tried = self.accepted + self.rejections
+        return self.accepted / tried if tried else None
+
+    def expected(self, costs: CostModel) -> float | None:
+        if self.alpha is None:
+            return None
+        return expected_speedup(costs, self.alpha, dict(self.gamma), self.rows_sum / max(self.rounds, 1))
+
+
 def ours(
-    target, proposer, prompts, *, batch: int, new: int, costs: CostModel, temperature: float, eos
-) -> dict:
+    tally: Tally, target, proposer, group, *, batch: int, new: int, costs: CostModel, temperature: float, eos
+) -> None:
+    """Decode one group of (key, prompt) with our engine; add its time, tokens and stats to ``tally``."""
     k_max = 8 if proposer is not None else 0
     engine = Engine(target, proposer, max_rows=batch, k_max=k_max, costs=costs)
     requests = [
-        Request(key=i, input_ids=ids, max_new_tokens=new, temperature=temperature, seed=i, eos_ids=eos)
-        for i, ids in enumerate(prompts)
+        Request(key=key, input_ids=ids, max_new_tokens=new, temperature=temperature, seed=key, eos_ids=eos)
+        for key, ids in group
     ]
     started = time.perf_counter()
     results = {done.key: done.token_ids for done in engine.generate(requests)}
-    seconds = time.perf_counter() - started
+    tally.seconds += time.perf_counter() - started
+    tally.tokens += sum(len(t) for t in results.values())
+    tally.outputs.update(results)
     stats = engine.stats
-    tokens = sum(len(t) for t in results.values())
-    tried = stats.accepted + stats.rejections
-    alpha = stats.accepted / tried if tried else None
-    mean_batch = stats.rows_sum / max(stats.rounds, 1)
-    expected = (
-        expected_speedup(costs, alpha, dict(stats.gamma_hist), mean_batch) if alpha is not None else None
-    )
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        "tps": tokens / seconds,
-        "outputs": results,
-        "alpha": alpha,
-        "expected": expected,
-        "gamma": dict(sorted(stats.gamma_hist.items())),
-        "mean_batch": mean_batch,
-    }
+    tally.accepted += stats.accepted
+    tally.rejections += stats.rejections
+    tally.rounds += stats.rounds
+    tally.rows_sum += stats.rows_sum
+    tally.gamma.update(stats.gamma_hist)
+    tally.engine = True
 
 
-def hf_plain(target, prompts, *, batch: int, new: int, pad: int) -> dict:
-    """transformers' batched plain greedy generate (left padding), batches of ``batch`` prompts."""
-    started, tokens = time.perf_counter(), 0
-    for start in range(0, len(prompts), batch):
-        group = prompts[start : start + batch]
-        width = max(len(ids) for ids in group)
-        ids = torch.tensor([[pad] * (width - len(x)) + x for x in group])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in group])
-        with torch.inference_mode():
-            out = target.generate(
-                ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=pad
-            )
-        tokens += int((out[:, width:] != pad).sum())
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": tokens, "tps": tokens / seconds}
+def hf_plain(tally: Tally, target, group, *, new: int, pad: int) -> None:
+    """transformers' batched plain greedy generate of one group (left padding)."""
+    prompts = [ids for _, ids in group]
+    width = max(len(ids) for ids in prompts)
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x in prompts])
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts])
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=pad)
+    tally.seconds += time.perf_counter() - started
+    tally.tokens += int((out[:, width:] != pad).sum())
 
 
-def hf_assisted(target, draft, prompts, *, new: int, pad: int) -> dict:
-    started, tokens = time.perf_counter(), 0
-    for ids in prompts:
+def hf_assisted(tally: Tally, target, draft, group, *, new: int, pad: int) -> None:
+    """transformers' assisted generate, one prompt at a time (it refuses batches)."""
+    for _, ids in group:
         x = torch.tensor([ids])
+        started = time.perf_counter()
         with torch.inference_mode():
             out = target.generate(
                 x,
@@ -112,9 +131,8 @@ def hf_assisted(target, draft, prompts, *, new: int, pad: int) -> dict:
                 do_sample=False,
                 pad_token_id=pad,
             )
-        tokens += out.shape[1] - len(ids)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": tokens, "tps": tokens / seconds}
+        tally.seconds += time.perf_counter() - started
+        tally.tokens += out.shape[1] - len(ids)
 
 
 def limit(costs: CostModel, alpha: float | None, batch: int, k_max: int = 8) -> float | None:
@@ -139,6 +157,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--long", action="store_true", help="the long prompts (200+ tokens)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.7, help="of the sampled rows")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -160,67 +179,52 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|"
     )
     print(header, flush=True)
-    report = []
+    t = args.temperature
+    sampled = f"T={t:g}"
+    report: list[dict] = []
     for batch in [int(b) for b in args.batches.split(",")]:
         costs = CostModel.measure(target, draft, max_batch=batch, max_query=9)
-        runs = {
-            "plain": ours(
-                target, None, prompts, batch=batch, new=args.new, costs=costs, temperature=0, eos=eos
-            ),
-            "draft": ours(
-                target,
-                DraftModel(draft),
-                prompts,
-                batch=batch,
-                new=args.new,
-                costs=costs,
-                temperature=0,
-                eos=eos,
-            ),
-            "prompt lookup": ours(
-                target,
-                PromptLookup(),
-                prompts,
-                batch=batch,
-                new=args.new,
-                costs=costs,
-                temperature=0,
-                eos=eos,
-            ),
-            "plain T=0.7": ours(
-                target, None, prompts, batch=batch, new=args.new, costs=costs, temperature=0.7, eos=eos
-            ),
-            "draft T=0.7": ours(
-                target,
-                DraftModel(draft),
-                prompts,
-                batch=batch,
-                new=args.new,
-                costs=costs,
-                temperature=0.7,
-                eos=eos,
-            ),
-            "hf plain generate": hf_plain(target, prompts, batch=batch, new=args.new, pad=pad),
-        }
+        # Groups of B prompts; every mode decodes a group before the next group starts, so a slow
+        # spell of the machine lands on every mode alike. Prompts repeat until there are 3+ groups.
+        repeats = max(1, -(-3 * batch // len(prompts)))
+        keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
+        groups = [keyed[i : i + batch] for i in range(0, len(keyed), batch)]
+        modes = [
+            "plain",
+            "draft",
+            "prompt lookup",
+            f"plain {sampled}",
+            f"draft {sampled}",
+            "hf plain generate",
+        ]
         if batch == 1:
-            runs["hf assisted generate"] = hf_assisted(target, draft, prompts, new=args.new, pad=pad)
-        greedy_plain, sampled_plain = runs["plain"], runs["plain T=0.7"]
+            modes.append("hf assisted generate")
+        runs = {mode: Tally() for mode in modes}
+        common = {"batch": batch, "new": args.new, "costs": costs, "eos": eos}
+        for group in groups:
+            ours(runs["plain"], target, None, group, temperature=0, **common)
+            ours(runs["draft"], target, DraftModel(draft), group, temperature=0, **common)
+            ours(runs["prompt lookup"], target, PromptLookup(), group, temperature=0, **common)
+            ours(runs[f"plain {sampled}"], target, None, group, temperature=t, **common)
+            ours(runs[f"draft {sampled}"], target, DraftModel(draft), group, temperature=t, **common)
+            hf_plain(runs["hf plain generate"], target, group, new=args.new, pad=pad)
+            if batch == 1:
+                hf_assisted(runs["hf assisted generate"], target, draft, group, new=args.new, pad=pad)
+        greedy_plain, sampled_plain = runs["plain"], runs[f"plain {sampled}"]
         for mode, run in runs.items():
-            base = sampled_plain if "T=0.7" in mode else greedy_plain
+            base = sampled_plain if sampled in mode else greedy_plain
             differ = "-"
-            if "outputs" in run and "T=0.7" not in mode:
-                differ = str(
-                    sum(run["outputs"][k] != greedy_plain["outputs"][k] for k in greedy_plain["outputs"])
-                )
+            if run.engine and sampled not in mode:
+                differ = str(sum(run.outputs[k] != greedy_plain.outputs[k] for k in greedy_plain.outputs))
             row = {
                 "batch": batch,
                 "mode": mode,
-                "tps": run["tps"],
-                "speedup": run["tps"] / base["tps"],
-                "expected": run.get("expected"),
-                "limit": limit(costs, run.get("alpha"), batch),
-                "alpha": run.get("alpha"),
-                "gamma": run.get("gamma"),
+                "tps": run.tps,
+                "speedup": run.tps / base.tps,
+                "expected": run.expected(costs),
+                "limit": limit(costs, run.alpha, batch),
+                "alpha": run.alpha,
+                "gamma": dict(sorted(run.gamma.items())) if run.engine else None,
                 "differ": differ,
             }
             report.append(row)
@@ -238,7 +242,7 @@ def main() -> None:
             ]
             print("| " + " | ".join(cells) + " |", flush=True)
         if batch == 8:
-            ratio = greedy_plain["tps"] / sampled_plain["tps"]
+            ratio = greedy_plain.tps / sampled_plain.tps
             print(f"#   B=8: sampled plain takes {ratio:.2f}x the time of greedy plain", flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
