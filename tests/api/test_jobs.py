@@ -349,6 +349,10 @@ def test_requeue_pushes_the_pending_chunks_again(client: TestClient, queue_name:
     job_id = submit(client)["id"]
     response = client.post(f"/v1/jobs/{job_id}/requeue")
     assert response.status_code == 200
+    assert response.json()["chunks"] == 0  # its submit queued everything: nothing is missing
+    assert redis.Redis.from_url(REDIS_URL).llen(queue_name) == 2
+    response = client.post(f"/v1/jobs/{job_id}/requeue?all=true")
+    assert response.status_code == 200
     assert response.json()["chunks"] == 2
     assert redis.Redis.from_url(REDIS_URL).llen(queue_name) == 4
 
