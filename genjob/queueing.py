@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 from celery import Celery
-from sqlalchemy.orm import Session
 from kombu.exceptions import OperationalError
+from sqlalchemy.orm import Session
 
 from genjob import store
 from genjob.constants import TASK_GENERATE_CHUNK
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
 PUBLISH_BATCH = 500  # messages per pipelined round trip, and per progress record
 # (first chunk index, priority): Redis' lists are polled 0 first; kombu keeps levels 0, 3, 6, 9.
-PRIORITY_BY_CHUNK = ((0, 0), (2, 3), (8, 6), (32, 9))
+PRIORITY_BY_CHUNK = ((0, 0), (1, 3), (4, 6), (16, 9))
 
 
 class BrokerUnavailable(RuntimeError):

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.constants import TERMINAL_JOB_STATUSES
+from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import RETRYABLE_DB_ERRORS, run_transaction
 from genjob.generation.costs import expected_speedup
 from genjob.generation.engine_stats import EngineStats
@@ -79,7 +79,8 @@ def _open_chunk(
         return None
     if job.expires_at is not None and store.expire_due_jobs(session, job_id=job_id):
         return None
-    store.mark_job_running(session, job_id=job_id)
+    if job.status != JobStatus.RUNNING:
+        store.mark_job_running(session, job_id=job_id)
     reserved = leases.reserve_items(
         session,
         job_id=job_id,
@@ -87,11 +88,8 @@ def _open_chunk(
         lease_s=settings.lease_s,
         seq_range=chunk.seq_range,
         item_ids=chunk.item_ids,
+        max_attempts=settings.max_attempts,
     )
-    if reserved and store.give_up_exhausted(
-        session, job_id=job_id, item_ids=reserved, max_attempts=settings.max_attempts
-    ):
-        reserved = leases.still_held(session, item_ids=reserved, worker=holder)
     return JobSpec.model_validate(job.spec), reserved, job.queue
 
 
@@ -124,9 +122,9 @@ def _close_chunk(
     runner: JobRunner | None,
     interrupted: bool,
 ) -> None:
-    if interrupted:  # a graceful stop: the leases end now, for a sweeper to queue the items again
+    if item_ids and interrupted:  # a graceful stop: the leases end now, for a sweeper to queue them again
         leases.end_leases(session, item_ids=item_ids, worker=holder)
-    else:
+    elif item_ids:  # the chunk stopped early (its job ended): nobody will run them
         leases.release_reservations(session, item_ids=item_ids, worker=holder)
     if measured is not None and runner is not None:
         job = store.record_chunk(session, job_id=job_id, measured=measured)
@@ -162,7 +160,7 @@ def process_chunk(
 ) -> ChunkOutcome:
     """Generate every open item of the chunk (a range of the job's items, or a list of item ids);
     stop claiming if the job ends meanwhile, or the worker is asked to stop."""
-    tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s)
+    tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s, ping=False)
     chunk = ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
     holder = lease_holder(worker)
     outcome = ChunkOutcome()
@@ -210,7 +208,7 @@ def process_chunk(
     tx(
         _close_chunk,
         job_id=job_id,
-        item_ids=mine,
+        item_ids=[i for i in mine if i not in loop.claimed or i in loop.alone],  # still held pending
         holder=holder,
         measured=measured,
         runner=runner,

@@ -36,7 +36,7 @@ from genjob.generation.requests import Finished
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
 from genjob.tables import Job
-from genjob.worker import health
+from genjob.worker.health import stopping
 from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner
 
 log = logging.getLogger(__name__)
@@ -93,29 +93,6 @@ def result_row(runner: JobRunner, done: Finished, worker: str, lossless: bool | 
     }
 
 
-def _sync(
-    session: Session,
-    *,
-    job_id: str,
-    worker: str,
-    holder: str,
-    lease_s: float,
-    max_attempts: int,
-    finished: list[tuple[ClaimedItem, dict[str, Any]]],
-    failed: list[tuple[ClaimedItem, str]],
-    claim: list[int],
-) -> tuple[set[int], set[int], list[ClaimedItem] | store.Refused]:
-    """One transaction: write the rows that finished or failed, then claim the next group."""
-    done = store.finish_items(session, finished=finished, worker=holder)
-    gone = store.fail_items(session, failed=failed, worker=holder)
-    claimed: list[ClaimedItem] | store.Refused = []
-    if claim:
-        claimed = store.claim_items(
-            session, job_id=job_id, item_ids=claim, worker=holder, lease_s=lease_s, max_attempts=max_attempts
-        )
-    return done, gone, claimed
-
-
 @dataclass
 class ItemLoop:
     runner: JobRunner
@@ -127,6 +104,7 @@ class ItemLoop:
     alone: list[int] = field(default_factory=list)  # items of a lost batch, to run one at a time
     finished: list[tuple[ClaimedItem, dict[str, Any]]] = field(default_factory=list)  # to write
     failed: list[tuple[ClaimedItem, str]] = field(default_factory=list)  # to write
+    claimed: set[int] = field(default_factory=set)  # every item this chunk claimed
     written_at: float = field(default_factory=time.monotonic)
     stop_seen: float | None = None
 
@@ -152,9 +130,8 @@ class ItemLoop:
         if not (finished or failed or claim):
             return []
         done, gone, claimed = context.tx(
-            _sync,
+            store.write_and_claim,
             job_id=context.job_id,
-            worker=context.worker,
             holder=context.holder,
             lease_s=settings.lease_s,
             max_attempts=settings.max_attempts,
@@ -177,6 +154,7 @@ class ItemLoop:
             return []
         assert isinstance(claimed, list)
         self.outcome.skipped += len(claim) - len(claimed)
+        self.claimed.update(item.id for item in claimed)
         return claimed
 
     def _write(self) -> None:
@@ -197,7 +175,7 @@ class ItemLoop:
         engine, tx, job_id = self.runner.engine, self.context.tx, self.context.job_id
         checked = time.monotonic()
         while todo or engine.busy:
-            if health.stopping() and self._stop_now(todo):
+            if stopping() and self._stop_now(todo):
                 return
             if todo and time.monotonic() - checked > JOB_CHECK_EVERY_S:
                 checked = time.monotonic()
@@ -365,7 +343,7 @@ class ItemLoop:
         """Claim, decode and record one item, trying again after an error; False: stop the chunk."""
         settings, engine = self.context.settings, self.runner.engine
         while True:
-            if health.stopping():
+            if stopping():
                 self.outcome.interrupted = True
                 return False
             claimed = self._sync([item_id])

@@ -1,6 +1,7 @@
 """The store: every SQL statement on jobs, items, results and attempts, as keyword-only functions
-taking a Session (``jobs``: whole jobs; ``items``: one item's transitions; ``leases``: who holds an
-item). Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
+taking a Session (``jobs``: whole jobs; ``items``: item transitions, set-based, ``finishing`` their
+one-statement form on Postgres; ``leases``: who holds an item; ``queued``: what a job has queued).
+Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
 from genjob.store.items import (
     ClaimedItem,
@@ -11,6 +12,7 @@ from genjob.store.items import (
     finish_items,
     give_up_exhausted,
     release_items,
+    write_and_claim,
 )
 from genjob.store.jobs import (
     ChunkMeasurements,
@@ -25,14 +27,16 @@ from genjob.store.jobs import (
     get_job,
     iter_results,
     list_jobs,
-    live_jobs_with_pending_items,
     mark_job_running,
     new_job_id,
+    record_chunk,
+    retry_failed_items,
+)
+from genjob.store.queued import (
+    live_jobs_with_pending_items,
     pending_item_chunks,
     pending_ranges,
-    record_chunk,
     record_queued,
-    retry_failed_items,
     seq_ranges,
     seq_runs,
     take_over_stalled_queueing,
@@ -70,4 +74,5 @@ __all__ = [
     "seq_ranges",
     "seq_runs",
     "take_over_stalled_queueing",
+    "write_and_claim",
 ]

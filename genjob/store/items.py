@@ -21,11 +21,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import case, insert, select, tuple_, update
+from sqlalchemy import case, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus
+from genjob.store.finishing import SUMMED, finish_on_postgres
 from genjob.store.jobs import expire_due_jobs
 from genjob.store.leases import as_utc, gave_up_error, lease_is_free
 from genjob.tables import Attempt, Item, Job, Result, utcnow
@@ -100,15 +101,25 @@ def claim_items(
     """Start a try on each open, claimable item among ``item_ids`` (one UPDATE … RETURNING): status
     running, ``attempts`` + 1, ``fence`` + 1, leased to ``worker``. Items that are final, held by
     another live worker or out of tries are left out (the caller skips them). A job that ended (or
-    is past its deadline) refuses the whole claim."""
+    is past its deadline) refuses the whole claim: the UPDATE share-locks the job's row first (the
+    order cancel and expiry lock it in, so a cancel waits for claims under way and every later claim
+    sees it: no item starts after a cancel commits)."""
     now = now or utcnow()
-    if not _job_is_live(session, job_id=job_id, now=now):
-        return Refused.JOB_ENDED
     if not item_ids:
-        return []
+        return [] if _job_is_live(session, job_id=job_id, now=now) else Refused.JOB_ENDED
+    live_job = (
+        select(Job.id)
+        .where(
+            Job.id == job_id,
+            Job.status.not_in(list(TERMINAL_JOB_STATUSES)),
+            or_(Job.expires_at.is_(None), Job.expires_at > now),
+        )
+        .with_for_update(read=True)
+    )
     rows = session.execute(
         update(Item)
         .where(
+            live_job.exists(),
             Item.id.in_(list(item_ids)),
             Item.job_id == job_id,
             Item.status == ItemStatus.PENDING,
@@ -134,6 +145,8 @@ def claim_items(
             Item.error,
         )
     ).all()
+    if not rows and not _job_is_live(session, job_id=job_id, now=now):
+        return Refused.JOB_ENDED
     order = {item_id: index for index, item_id in enumerate(item_ids)}
     claimed = [
         ClaimedItem(
@@ -197,9 +210,6 @@ def _upsert_results(session: Session, rows: list[dict[str, Any]]) -> None:
     session.execute(statement.on_conflict_do_update(index_elements=["job_id", "item_id"], set_=changed), rows)
 
 
-SUMMED = ("new_tokens", "target_rounds", "draft_proposed", "draft_accepted", "draft_rejections")
-
-
 def finish_items(
     session: Session, *, finished: Sequence[tuple[ClaimedItem, dict[str, Any]]], worker: str
 ) -> set[int]:
@@ -208,6 +218,12 @@ def finish_items(
     already or taken over (a newer fence): their attempts are recorded ``superseded``."""
     if not finished:
         return set()
+    if session.get_bind().dialect.name == "postgresql":
+        moved: set[int] = set()
+        for job_id in {item.job_id for item, _ in finished}:
+            group = [(item, row) for item, row in finished if item.job_id == job_id]
+            moved |= finish_on_postgres(session, job_id=job_id, finished=group, holder=worker)
+        return moved
     now = utcnow()
     items = [item for item, _ in finished]
     moved = set(
@@ -321,6 +337,22 @@ def count_a_try_and_let_go(
         .values(attempts=Item.attempts + 1, error=error, lease_expires_at=now)
         .returning(Item.id, Item.job_id)
     ).all()
+    if moved:  # each such try is recorded, as a try lost to the worker's fault
+        session.execute(
+            insert(Attempt),
+            [
+                {
+                    "job_id": row.job_id,
+                    "item_id": row.id,
+                    "worker": worker,
+                    "started_at": now,
+                    "finished_at": now,
+                    "outcome": AttemptOutcome.LOST,
+                    "error": error,
+                }
+                for row in moved
+            ],
+        )
     for job_id in {row.job_id for row in moved}:
         give_up_exhausted(
             session,
@@ -329,3 +361,26 @@ def count_a_try_and_let_go(
             max_attempts=max_attempts,
         )
     return len(moved)
+
+
+def write_and_claim(
+    session: Session,
+    *,
+    job_id: str,
+    holder: str,
+    lease_s: float,
+    max_attempts: int,
+    finished: list[tuple[ClaimedItem, dict[str, Any]]],
+    failed: list[tuple[ClaimedItem, str]],
+    claim: list[int],
+) -> tuple[set[int], set[int], list[ClaimedItem] | Refused]:
+    """The item loop's one transaction per group: write the rows that finished or failed, then
+    claim the next group. Returns (ids done, ids failed, the claim)."""
+    done = finish_items(session, finished=finished, worker=holder)
+    gone = fail_items(session, failed=failed, worker=holder)
+    claimed: list[ClaimedItem] | Refused = []
+    if claim:
+        claimed = claim_items(
+            session, job_id=job_id, item_ids=claim, worker=holder, lease_s=lease_s, max_attempts=max_attempts
+        )
+    return done, gone, claimed

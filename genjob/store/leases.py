@@ -62,10 +62,12 @@ def reserve_items(
     lease_s: float,
     seq_range: tuple[int, int] | None = None,
     item_ids: Sequence[int] | None = None,
+    max_attempts: int | None = None,
     now: datetime | None = None,
 ) -> list[int]:
     """Lease a chunk's pending items to ``worker`` unless another live worker holds them: the items
-    of ``job_id`` with ``seq`` in ``seq_range`` [start, stop), or those in ``item_ids``.
+    of ``job_id`` with ``seq`` in ``seq_range`` [start, stop), or those in ``item_ids``. Those that
+    already used ``max_attempts`` tries fail instead (``gave up after N attempts; last: …``).
 
     Returns the ids it now holds, in input order: the others are final, or in another worker's hands
     (the sweeper queues them again if that worker dies), so a duplicate delivery costs one statement.
@@ -80,9 +82,23 @@ def reserve_items(
         update(Item)
         .where(*scope, Item.status == ItemStatus.PENDING, lease_is_free(now, worker=worker))
         .values(claimed_by=worker, lease_expires_at=now + timedelta(seconds=lease_s))
-        .returning(Item.id, Item.seq)
+        .returning(Item.id, Item.seq, Item.attempts)
     ).all()
-    return [item_id for item_id, _ in sorted(reserved, key=lambda row: row.seq)]
+    exhausted = [row.id for row in reserved if max_attempts is not None and row.attempts >= max_attempts]
+    if exhausted:  # each try killed its worker, say: they fail now, counted in the job's ``failed``
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(exhausted))
+            .values(
+                status=ItemStatus.FAILED,
+                error=gave_up_error(Item.attempts, Item.error),
+                finished_at=now,
+                lease_expires_at=None,
+            )
+        )
+        session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + len(exhausted)))
+    kept = sorted((row for row in reserved if row.id not in exhausted), key=lambda row: row.seq)
+    return [row.id for row in kept]
 
 
 def renew_leases(
@@ -110,18 +126,6 @@ def release_reservations(session: Session, *, item_ids: Sequence[int], worker: s
         .where(Item.id.in_(item_ids), Item.claimed_by == worker, Item.status == ItemStatus.PENDING)
         .values(claimed_by=None, lease_expires_at=None),
     )
-
-
-def still_held(session: Session, *, item_ids: Sequence[int], worker: str) -> list[int]:
-    """Of ``item_ids`` (in this order), those ``worker`` still holds pending."""
-    held = set(
-        session.scalars(
-            select(Item.id).where(
-                Item.id.in_(list(item_ids)), Item.claimed_by == worker, Item.status == ItemStatus.PENDING
-            )
-        )
-    )
-    return [item_id for item_id in item_ids if item_id in held]
 
 
 def end_leases(session: Session, *, item_ids: Sequence[int], worker: str, now: datetime | None = None) -> int:

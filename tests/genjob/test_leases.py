@@ -214,7 +214,7 @@ def test_retry_failed_items_moves_only_failed_items_and_reopens_the_job(pg_url: 
 def test_pending_item_chunks_pages_in_input_order_and_skips_live_leases(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store.jobs, "PAGE_SIZE", 3)
+    monkeypatch.setattr(store.queued, "PAGE_SIZE", 3)
     job_id, ids = new_job(pg_url, 10)
     with session_scope(pg_url) as session:
         assert list(store.pending_item_chunks(session, job_id=job_id, chunk_size=4)) == [

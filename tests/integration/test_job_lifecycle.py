@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from conftest import REDIS_URL, write_jsonl
+from conftest import REDIS_URL, delete_queue, write_jsonl
 from sqlalchemy import func, select
 from worker_processes import (
     FAST_RECOVERY,
@@ -46,7 +45,7 @@ LARGE_JOB = 2000
 def queue() -> Iterator[str]:
     name = f"gpu-test-{uuid.uuid4().hex[:8]}"
     yield name
-    redis.Redis.from_url(REDIS_URL).delete(name)
+    delete_queue(name)
 
 
 @pytest.fixture(scope="module")
