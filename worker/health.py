@@ -55,24 +55,31 @@ def check_device(device: str) -> str:
     return str(resolved)
 
 
+_TERMS_HERE: list[int] = []  # SIGTERMs this process received (the shared flag may be set by another)
+
+
 def _on_sigterm_in_pool(signum: int, frame: Any) -> None:
     """First SIGTERM: stop claiming and give back what is held. A second one ends the process."""
-    if STOP.value:
+    _TERMS_HERE.append(signum)
+    if len(_TERMS_HERE) > 1:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
     request_stop()
 
 
+def catch_sigterm_in_pool() -> None:
+    """In a pool process, before it runs a chunk: SIGTERM raises the stop flag (billiard sets its own
+    handler, which exits at once, after the process initialisers, so this is done from the task)."""
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm_in_pool:
+        signal.signal(signal.SIGTERM, _on_sigterm_in_pool)
+
+
 def install_stop_handlers() -> None:
-    """Wire the stop flag to Celery: its warm shutdown in the main process, SIGTERM in pool processes."""
-    from celery.signals import worker_process_init, worker_shutting_down
+    """Wire the stop flag to Celery's warm shutdown in the main process."""
+    from celery.signals import worker_shutting_down
 
     def on_shutting_down(**_kwargs: Any) -> None:
         request_stop()
 
-    def on_pool_process(**_kwargs: Any) -> None:
-        signal.signal(signal.SIGTERM, _on_sigterm_in_pool)
-
     worker_shutting_down.connect(on_shutting_down, weak=False)
-    worker_process_init.connect(on_pool_process, weak=False)

@@ -47,9 +47,12 @@ def register_tasks(app: Celery) -> None:
     def generate_chunk(self: Task, job_id: str, items: int | list[int], stop: int | None = None) -> dict:
         """Generate the items [``items``, ``stop``) of job ``job_id`` (or the item ids ``items``)."""
         from genjob.worker.chunks import WorkerFault, process_chunk  # torch loads in the worker only
+        from genjob.worker.health import catch_sigterm_in_pool
         from genjob.worker.leasing import worker_name
 
         worker = self.request.hostname or worker_name()
+        if not self.request.is_eager:
+            catch_sigterm_in_pool()
         if isinstance(items, list):  # the old format: (job id, [item ids])
             chunk: dict[str, Any] = {"item_ids": [int(item_id) for item_id in items]}
         else:
