@@ -18,7 +18,7 @@ from pathlib import Path
 from celery.signals import task_postrun
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import Pool
+from sqlalchemy.engine.default import DefaultDialect
 
 COUNTS: Counter[str] = Counter()
 
@@ -43,9 +43,15 @@ def _rollback(conn) -> None:
     COUNTS["rollback"] += 1
 
 
-@event.listens_for(Pool, "checkout")
-def _checkout(dbapi_connection, record, proxy) -> None:
-    COUNTS["pre_ping"] += 1  # pool_pre_ping: one SELECT 1 per checkout
+_ping = DefaultDialect._do_ping_w_event
+
+
+def _counted_ping(self, dbapi_connection):
+    COUNTS["pre_ping"] += 1  # pool_pre_ping: a SELECT 1 before a pooled connection is used
+    return _ping(self, dbapi_connection)
+
+
+DefaultDialect._do_ping_w_event = _counted_ping  # type: ignore[method-assign]
 
 
 @task_postrun.connect(weak=False)
