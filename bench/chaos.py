@@ -145,7 +145,7 @@ def main() -> None:
         GENJOB_TORCH_THREADS="1",
         PYTHONPATH=str(ROOT / "tests" / "doubles"),
     )
-    engine = create_engine(url)
+    engine = create_engine(url, pool_pre_ping=True)
     workers = [Worker(f"w{n}", env, tmp / f"w{n}.log") for n in range(args.workers)]
     started = time.monotonic()
     faults: Counter[str] = Counter()
@@ -153,9 +153,10 @@ def main() -> None:
     per_job = args.items // args.jobs
     files = [write_prompts(tmp / f"job{n}.jsonl", per_job, f"j{n}") for n in range(args.jobs)]
     stopped: list[tuple[Worker, float]] = []
+    partly_queued: list[int] = []  # items a killed submit had not queued yet, per such job
 
-    def submit(path: Path) -> subprocess.Popen:
-        argv = [GENJOB, "submit", str(path), "-m", "noop", "--mode", "none"]
+    def submit(path: Path, *extra: str) -> subprocess.Popen:
+        argv = [GENJOB, "submit", str(path), "-m", "noop", "--mode", "none", "--chunk-size", "8", *extra]
         return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def live_jobs() -> int:
@@ -214,12 +215,26 @@ def main() -> None:
                             ),
                             {"db": name},
                         )
-                elif kind == "kill-submit":
-                    extra = write_prompts(tmp / f"extra{faults[kind]}.jsonl", 3000, f"x{faults[kind]}")
-                    victim_submit = submit(extra)
-                    time.sleep(rng.uniform(0.5, 3.0))
+                elif kind == "kill-submit":  # once its job is stored, while it queues the chunks
+                    tag = f"x{faults[kind]}"
+                    victim_submit = submit(write_prompts(tmp / f"{tag}.jsonl", 4000, tag), "--name", tag)
+                    for _ in range(300):
+                        with engine.connect() as connection:
+                            stored = connection.execute(
+                                text("SELECT count(*) FROM jobs WHERE name = :tag"), {"tag": tag}
+                            ).scalar()
+                        if stored or victim_submit.poll() is not None:
+                            break
+                        time.sleep(0.05)
+                    time.sleep(rng.uniform(0, 0.3))
                     victim_submit.kill()
                     victim_submit.wait()
+                    with engine.connect() as connection:
+                        left = connection.execute(
+                            text("SELECT total - queued_seq FROM jobs WHERE name = :tag"), {"tag": tag}
+                        ).scalar()
+                    if left:
+                        partly_queued.append(int(left))
                 elif kind == "stall-worker":
                     worker = rng.choice([w for w in workers if all(w is not s for s, _ in stopped)])
                     worker.signal(signal.SIGSTOP)
@@ -239,6 +254,8 @@ def main() -> None:
 
             report = {
                 "jobs": one("SELECT count(*) FROM jobs"),
+                "jobs stored by a killed submit, partly queued": len(partly_queued),
+                "… items they had not queued": sum(partly_queued),
                 "jobs live at the end": one("SELECT count(*) FROM jobs WHERE status IN ('queued','running')"),
                 "items": one("SELECT count(*) FROM items"),
                 "items done": one("SELECT count(*) FROM items WHERE status = 'done'"),
