@@ -160,9 +160,8 @@ def main() -> None:
                 queued = connection.execute(
                     text("SELECT queued_seq, total FROM jobs WHERE id = :id"), {"id": job_id}
                 ).one()
-            print(
-                f"## Large job, stored and queued: {args.lines:,} lines ({'with' if not args.no_ids else 'no'} ids)"
-            )
+            kind = "no ids" if args.no_ids else "with ids"
+            print(f"## Large job, stored and queued: {args.lines:,} lines ({kind})")
             print()
             print("| measure | value |")
             print("|---|---|")
