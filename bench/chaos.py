@@ -181,7 +181,7 @@ def main() -> None:
                     stopped.remove((worker, until))
             if pending_files and (not submits or submits[-1].poll() is not None):
                 submits.append(submit(pending_files.pop(0)))
-            if now >= next_fault:
+            if now >= next_fault and sum(faults.values()) < args.faults:
                 next_fault = now + args.every
                 kind = rng.choice(
                     [
@@ -217,7 +217,7 @@ def main() -> None:
                         )
                 elif kind == "kill-submit":  # once its job is stored, while it queues the chunks
                     tag = f"x{faults[kind]}"
-                    victim_submit = submit(write_prompts(tmp / f"{tag}.jsonl", 4000, tag), "--name", tag)
+                    victim_submit = submit(write_prompts(tmp / f"{tag}.jsonl", 2000, tag), "--name", tag)
                     for _ in range(300):
                         with engine.connect() as connection:
                             stored = connection.execute(
