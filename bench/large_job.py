@@ -6,6 +6,7 @@ the lease, the result write and the counters, plus Celery's per-chunk messaging.
 
     .venv/bin/python bench/large_job.py                    # 100,000 lines, 2 workers
     .venv/bin/python bench/large_job.py --lines 5000 --workers 1
+    .venv/bin/python bench/large_job.py --lines 2000000 --no-drain [--no-ids]   # store + queue only
 
 Needs Postgres (GENJOB_BENCH_PG_ADMIN_URL, default postgres@127.0.0.1:5432) and Redis
 (GENJOB_BENCH_REDIS_URL, default 127.0.0.1:6379/0). It makes its own database and queue and drops
@@ -40,11 +41,12 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("GENJOB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def write_prompts(path: Path, lines: int) -> Path:
+def write_prompts(path: Path, lines: int, ids: bool = True) -> Path:
     with path.open("w", encoding="utf-8") as out:
         for i in range(lines):
             prompt = f"Summarise ticket {i}: the export job stalls at step {i % 97} after a retry."
-            out.write(json.dumps({"prompt": prompt, "id": f"ticket-{i:06d}"}) + "\n")
+            line = {"prompt": prompt, "id": f"ticket-{i:06d}"} if ids else {"prompt": prompt}
+            out.write(json.dumps(line) + "\n")
     return path
 
 
@@ -98,7 +100,11 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--chunk-size", type=int, default=16)
+    parser.add_argument("--no-drain", action="store_true", help="store and queue only: no workers")
+    parser.add_argument("--no-ids", action="store_true", help="lines without custom ids")
     args = parser.parse_args()
+    if args.no_drain:
+        args.workers = 0
 
     name = f"genjob_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -141,13 +147,31 @@ def main() -> None:
         while not broker.exists(broker_mark_key(url)) and time.monotonic() < deadline:
             time.sleep(0.5)
         with tempfile.TemporaryDirectory() as tmp:
-            small = write_prompts(Path(tmp) / "small.jsonl", 1000)
-            large = write_prompts(Path(tmp) / "large.jsonl", args.lines)
+            small = write_prompts(Path(tmp) / "small.jsonl", 1000, not args.no_ids)
+            large = write_prompts(Path(tmp) / "large.jsonl", args.lines, not args.no_ids)
             size_mb = large.stat().st_size / 1e6
             small_id, small_wall, small_rss = timed_submit(env, small)
-            wait_until_ended(engine, small_id)
+            if not args.no_drain:
+                wait_until_ended(engine, small_id)
             started = time.perf_counter()
             job_id, submit_wall, submit_rss = timed_submit(env, large)
+        if args.no_drain:
+            with engine.connect() as connection:
+                queued = connection.execute(
+                    text("SELECT queued_seq, total FROM jobs WHERE id = :id"), {"id": job_id}
+                ).one()
+            kind = "no ids" if args.no_ids else "with ids"
+            print(f"## Large job, stored and queued: {args.lines:,} lines ({kind})")
+            print()
+            print("| measure | value |")
+            print("|---|---|")
+            print(f"| file | {args.lines:,} lines, {size_mb:.1f} MB |")
+            messages = -(-args.lines // args.chunk_size)
+            print(f"| submit wall time (validate, COPY, {messages:,} messages) | {submit_wall:.1f} s |")
+            print(f"| submit peak RSS | {submit_rss / 1024:.1f} MiB |")
+            print(f"| submit peak RSS, 1,000 lines | {small_rss / 1024:.1f} MiB ({small_wall:.1f} s) |")
+            print(f"| queued (jobs.queued_seq / total) | {queued[0]:,} / {queued[1]:,} |")
+            return
         status, done, failed = wait_until_ended(engine, job_id)
         finished = time.perf_counter()
         with engine.connect() as connection:
@@ -164,7 +188,7 @@ def main() -> None:
             os.killpg(worker.pid, 15)
         for worker in workers:
             worker.wait(timeout=60)
-        broker.delete(queue)
+        broker.delete(queue, *(f"{queue}\x06\x16{level}" for level in (3, 6, 9)))
         db.get_engine.cache_clear()
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

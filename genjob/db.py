@@ -38,12 +38,15 @@ class SchemaError(RuntimeError):
 
 
 @lru_cache(maxsize=8)
-def get_engine(url: str) -> Engine:
+def get_engine(url: str, ping: bool = True) -> Engine:
+    """The engine for ``url``. ``ping``: test each pooled connection before use (a round trip per
+    transaction); the workers' hot path goes without (``run_transaction(..., ping=False)``), since it
+    retries a transaction whose connection turned out dead anyway."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        engine = create_engine(url, pool_pre_ping=ping, pool_size=5, max_overflow=5)
     _ENGINES.add(engine)
     return engine
 
@@ -69,8 +72,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 @lru_cache(maxsize=8)
-def _session_factory(url: str) -> sessionmaker[Session]:
-    return sessionmaker(get_engine(url), expire_on_commit=False)
+def _session_factory(url: str, ping: bool = True) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url, ping), expire_on_commit=False)
 
 
 def changed_rows(session: Session, statement: Executable) -> int:
@@ -79,9 +82,9 @@ def changed_rows(session: Session, statement: Executable) -> int:
 
 
 @contextmanager
-def session_scope(url: str) -> Iterator[Session]:
+def session_scope(url: str, *, ping: bool = True) -> Iterator[Session]:
     """A session in one transaction: committed on success, rolled back on any exception."""
-    session = _session_factory(url)()
+    session = _session_factory(url, ping)()
     try:
         yield session
         session.commit()
@@ -92,21 +95,24 @@ def session_scope(url: str) -> Iterator[Session]:
         session.close()
 
 
-def run_transaction(url: str, fn: Callable[..., T], /, *, retry_s: float = 0.0, **kwargs: Any) -> T:
+def run_transaction(
+    url: str, fn: Callable[..., T], /, *, retry_s: float = 0.0, ping: bool = True, **kwargs: Any
+) -> T:
     """``fn(session, **kwargs)`` in one transaction, retried with backoff on connection errors.
 
     A dropped connection (say ``pg_terminate_backend``), a restarting server or a lock timeout
     rolls the transaction back; it is run again after 0.05 s, 0.1 s, 0.2 s … (capped at 5 s,
     with jitter) for up to ``retry_s`` seconds, then the error is raised. ``fn`` must be safe to
     repeat, since a commit whose answer was lost is retried too: every write in ``genjob.store``
-    is a conditional update that does nothing the second time.
+    is a conditional update that does nothing the second time. ``ping=False`` skips the pool's
+    test of the connection (a round trip): a dead one fails the first statement and is retried.
     """
     deadline = time.monotonic() + retry_s
     delay = 0.05
     tries = 0
     while True:
         try:
-            with session_scope(url) as session:
+            with session_scope(url, ping=ping) as session:
                 return fn(session, **kwargs)
         except RETRYABLE_DB_ERRORS as error:
             tries += 1

@@ -1,30 +1,60 @@
 """Queueing a stored job's items on the broker: task messages sent by name, never by the worker's code.
 
-A message carries only (job id, item ids); the task's name and queue come from ``genjob.constants``,
-so a producer (the CLI, the API, a sweeper) needs a broker URL, not the worker's Celery app.
+A message names a job and a range of its items, ``(job id, start, stop)``: items with ``seq`` in
+[start, stop); the worker reads the rest from the database. The task's name and queue come from
+``genjob.constants``, so a producer (the CLI, the API, a sweeper) needs a broker URL, not the
+worker's Celery app. Messages are published in pipelined batches (one Redis round trip per
+``PUBLISH_BATCH``), and after each batch the job records how far it has queued (``jobs.queued_seq``):
+a publisher that stops half-way (a submit killed mid-enqueue, a broker that went away) is finished
+by a worker's sweeper, and ``genjob requeue`` sends only what is missing.
+
+Fairness within a queue: a job's first chunks go out at a higher priority than its later ones
+(Redis' priority lists, which every worker polls highest first), so a small job submitted after a
+huge one on the same queue is taken by each worker at its next chunk, not after the huge one.
 Must not know: torch, the engine, the worker's tasks, HTTP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 from celery import Celery
 from kombu.exceptions import OperationalError
+from sqlalchemy.orm import Session
 
 from genjob import store
 from genjob.constants import TASK_GENERATE_CHUNK
-from genjob.db import session_scope
+from genjob.db import run_transaction, session_scope
 from genjob.settings import Settings
 from genjob.store import leases
 from genjob.tables import utcnow
 
+log = logging.getLogger(__name__)
+
 PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
+PUBLISH_BATCH = 500  # messages per pipelined round trip, and per progress record
+# (first chunk index, priority): Redis' lists are polled 0 first; kombu keeps levels 0, 3, 6, 9.
+PRIORITY_BY_CHUNK = ((0, 0), (1, 3), (4, 6), (16, 9))
 
 
 class BrokerUnavailable(RuntimeError):
     """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry."""
+
+
+def chunk_priority(index: int) -> int:
+    """The priority of a job's ``index``-th chunk (0 first): its first chunks before others' later ones."""
+    level = 0
+    for first, priority in PRIORITY_BY_CHUNK:
+        if index >= first:
+            level = priority
+    return level
+
+
+def chunk_summary(job_id: str, start: int, stop: int) -> str:
+    """How a chunk reads in Flower: ``job=abc123 items 100-163`` (seq, inclusive)."""
+    return f"job={job_id} items {start}-{stop - 1}"
 
 
 @lru_cache(maxsize=8)
@@ -35,43 +65,113 @@ def producer_app(broker_url: str) -> Celery:
     return app
 
 
-def publish_chunks(app: Celery, *, job_id: str, queue: str, chunks: Iterable[list[int]]) -> int:
-    """Send one task message per chunk (retrying a dropped broker connection); returns how many."""
+def publish_ranges(
+    app: Celery,
+    *,
+    job_id: str,
+    queue: str,
+    ranges: Iterable[tuple[int, int]],
+    first_index: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Send one task message per ``[start, stop)`` range, pipelined, ``PUBLISH_BATCH`` a round trip;
+    ``on_batch(stop)`` hears how far each flushed batch reached. Returns how many were sent."""
+    import redis
+
     sent = 0
     try:
         with app.producer_or_acquire() as producer:
-            for item_ids in chunks:
-                app.send_task(
-                    TASK_GENERATE_CHUNK,
-                    args=(job_id, item_ids),
-                    queue=queue,
-                    producer=producer,
-                    retry=True,
-                    retry_policy=PUBLISH_RETRY_POLICY,
-                )
-                sent += 1
-    except OperationalError as exc:
+            batch_stop = None
+            with producer.batch(max_size=PUBLISH_BATCH * 2) as batch:
+                for start, stop in ranges:
+                    app.send_task(
+                        TASK_GENERATE_CHUNK,
+                        args=(job_id, start, stop),
+                        argsrepr=chunk_summary(job_id, start, stop),
+                        queue=queue,
+                        priority=chunk_priority(first_index + sent),
+                        producer=producer,
+                        retry=True,
+                        retry_policy=PUBLISH_RETRY_POLICY,
+                    )
+                    sent += 1
+                    batch_stop = stop
+                    if sent % PUBLISH_BATCH == 0:
+                        batch.flush()
+                        if on_batch is not None:
+                            on_batch(stop)
+                        batch_stop = None
+                batch.flush()
+            if on_batch is not None and batch_stop is not None:
+                on_batch(batch_stop)
+    except (OperationalError, redis.RedisError, ConnectionError) as exc:
         raise BrokerUnavailable(
             f"job {job_id} is stored but could not be queued on {app.conf.broker_url}: {exc}"
         ) from exc
     return sent
 
 
-def publish_pending(settings: Settings, *, job_id: str, chunk_size: int) -> int:
-    """Push the job's pending items as chunks to its queue; returns how many chunks.
+def publish_rest(
+    app: Celery, *, database_url: str, job_id: str, queue: str, start: int, stop: int, chunk_size: int
+) -> int:
+    """Queue the job's items from ``start`` (its ``queued_seq``) to ``stop`` (its total), recording
+    the progress after every pipelined batch. Returns the messages sent."""
 
-    Items whose lease ran out (their worker died) are taken back first; items leased to a live
-    worker are left to it. Safe to repeat: workers skip items that are final or held by another.
+    def progress(queued_seq: int) -> None:
+        run_transaction(database_url, store.record_queued, job_id=job_id, queued_seq=queued_seq)
+
+    ranges = store.seq_ranges(start, stop, chunk_size)
+    return publish_ranges(
+        app, job_id=job_id, queue=queue, ranges=ranges, first_index=start // chunk_size, on_batch=progress
+    )
+
+
+def publish_pending(
+    settings: Settings, *, job_id: str, chunk_size: int, max_attempts: int, everything: bool = False
+) -> int:
+    """Queue what the job is missing; returns how many messages were sent (0: nothing was missing).
+
+    Items whose lease ran out (their worker died) are taken back and queued first; then the items
+    its publisher never queued (from ``jobs.queued_seq``). With ``everything``, every pending item
+    not leased to a live worker is queued again (after a retry, or a broker that lost its queues).
+    Safe to repeat: workers skip items that are final or held by another.
     """
     assert settings.broker_url, "publish_pending needs a broker (embedded jobs run in-process)"
+    app = producer_app(settings.broker_url)
+    sent = 0
+
+    def reclaim_and_queue(session: Session) -> int:  # queued before the reset commits
+        reclaimed = leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=max_attempts)
+        count = 0
+        for queue, seqs in reclaimed.values():
+            ranges = store.seq_runs(seqs, chunk_size)
+            count += publish_ranges(app, job_id=job_id, queue=queue, ranges=ranges)
+        store.finalize_job(session, job_id=job_id)
+        return count
+
     with session_scope(settings.database_url) as session:
-        leases.reclaim_expired_leases(session, job_id=job_id)
-    with session_scope(settings.database_url) as session:
-        queue = store.get_job(session, job_id=job_id).queue
-        chunks = store.pending_item_chunks(
-            session, job_id=job_id, chunk_size=chunk_size, unleased_at=utcnow()
+        job = store.get_job(session, job_id=job_id)
+        queue, queued_seq, total = job.queue, job.queued_seq, job.total
+    if everything:
+        with session_scope(settings.database_url) as session:
+            leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=max_attempts)
+        with session_scope(settings.database_url) as session:
+            ranges = store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size, unleased_at=utcnow())
+            sent += publish_ranges(app, job_id=job_id, queue=queue, ranges=ranges)
+        run_transaction(settings.database_url, store.record_queued, job_id=job_id, queued_seq=total)
+        return sent
+    sent += run_transaction(settings.database_url, reclaim_and_queue)
+    if queued_seq < total:
+        sent += publish_rest(
+            app,
+            database_url=settings.database_url,
+            job_id=job_id,
+            queue=queue,
+            start=queued_seq,
+            stop=total,
+            chunk_size=chunk_size,
         )
-        return publish_chunks(producer_app(settings.broker_url), job_id=job_id, queue=queue, chunks=chunks)
+    return sent
 
 
 PRIORITY_SEPARATOR = "\x06\x16"  # kombu's Redis transport keeps priority levels in lists `queue␆␖N`

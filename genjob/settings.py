@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(
         default=3, ge=1, description="Tries per item (crashes count) before it is marked failed."
     )
+    stop_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On SIGTERM a worker lets the rows in flight finish this long, then gives them back.",
+    )
     retry_backoff_s: float = Field(
         default=1.0, ge=0, description="Wait before an item's second try; doubles per try (max 60 s)."
     )

@@ -1,7 +1,9 @@
 """Submit a prompt file as a job: validate it whole, then store the job and its items.
 
 Shared by the CLI and the HTTP API. Validation reads the file once (streamed) and the insert reads
-it again inside one transaction, so a bad file leaves the database untouched. Queueing the stored
+it again inside one transaction, so a bad file leaves the database untouched. Duplicate ids are
+found by the database's unique index on (job, id), not by a set of every id in memory: a refused
+insert rolls back, and a third read names the lines. Queueing the stored
 job is ``genjob.queueing`` (or in-process, embedded); tokenizer work at submit (chat templates,
 the context check) goes through the ``SubmitTokenizer`` the caller hands in.
 Must not know: torch, transformers, Celery's workers, HTTP.
@@ -15,11 +17,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from sqlalchemy.exc import IntegrityError
+
 from genjob import store
 from genjob.constants import InputFormat
 from genjob.db import ensure_schema, session_scope
-from genjob.formats.lines import InputLimits
-from genjob.formats.reader import check_prompts, valid_prompts
+from genjob.formats.lines import InputFileError, InputLimits
+from genjob.formats.reader import InputSummary, check_prompts, valid_prompts
 from genjob.formats.sources import open_prompt_source
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.options import JobSpec
@@ -97,14 +101,24 @@ def store_job_stream(
     limits = input_limits(settings)
     phase("validating")
     start = stream.tell()
-    summary = check_prompts(
-        stream,
-        source=source,
-        limits=limits,
-        input_format=input_format,
-        tokenizer=tokenizer,
-        max_new_tokens=spec.max_new_tokens,
-    )
+
+    def check(duplicate_ids: bool) -> InputSummary:
+        stream.seek(start)
+        return check_prompts(
+            stream,
+            source=source,
+            limits=limits,
+            input_format=input_format,
+            tokenizer=tokenizer,
+            max_new_tokens=spec.max_new_tokens,
+            duplicate_ids=duplicate_ids,
+        )
+
+    try:  # ids are left to the database's unique index: no set of every id in memory
+        summary = check(duplicate_ids=False)
+    except InputFileError:
+        check(duplicate_ids=True)  # the full report, duplicates among the other errors
+        raise
     stream.seek(start)
     if summary.endpoint is not None:
         spec = spec.model_copy(update={"endpoint": summary.endpoint})
@@ -112,9 +126,22 @@ def store_job_stream(
         stream, source=source, limits=limits, input_format=input_format, tokenizer=tokenizer
     )
     phase("storing")
-    with session_scope(settings.database_url) as session:
-        job = store.create_job(
-            session, spec=spec, items=items, queue=settings.queue, name=name, expires_at=expires_at
-        )
-        assert job.total == summary.count
-        return Submitted(job_id=job.id, items=job.total)
+    try:
+        with session_scope(settings.database_url) as session:
+            job = store.create_job(
+                session, spec=spec, items=items, queue=settings.queue, name=name, expires_at=expires_at
+            )
+            assert job.total == summary.count
+            return Submitted(job_id=job.id, items=job.total)
+    except Exception as exc:
+        if not is_duplicate_id(exc):
+            raise
+    check(duplicate_ids=True)  # nothing was stored; this names the lines (and raises)
+    raise AssertionError("the database refused a duplicate id that the file does not have")
+
+
+def is_duplicate_id(error: BaseException) -> bool:
+    """A unique violation of (job_id, custom_id): the file gives one id twice."""
+    cause = getattr(error, "orig", None) or error
+    duplicate = isinstance(error, IntegrityError) or getattr(cause, "sqlstate", None) == "23505"
+    return duplicate and "custom_id" in str(cause)

@@ -132,6 +132,16 @@ class Job(Base):
     versions: Mapped[dict[str, str] | None] = mapped_column(
         Json, comment="Library versions of the first worker that ran it (python, torch, transformers…)."
     )
+    queued_seq: Mapped[int] = mapped_column(
+        Integer,
+        default=0,
+        server_default="0",
+        comment="Items (by seq, from 0) whose task messages were published.",
+    )
+    queue_progress_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="When the publisher last recorded progress (a stopped one is taken over).",
+    )
 
 
 class Item(Base):
@@ -159,7 +169,13 @@ class Item(Base):
         String(16), default="pending", comment="pending, running, done, failed, cancelled or expired."
     )
     attempts: Mapped[int] = mapped_column(
-        Integer, default=0, comment="Tries so far; the fencing token of the running try."
+        Integer, default=0, comment="Tries so far (the budget: genjob retry resets it; the fence is not)."
+    )
+    fence: Mapped[int] = mapped_column(
+        BigInteger,
+        default=0,
+        server_default="0",
+        comment="Fencing token: raised by every claim, never reset; only the holder of it may finish.",
     )
     error: Mapped[str | None] = mapped_column(Text, comment="Last error.")
     started_at: Mapped[datetime | None] = mapped_column(
@@ -169,8 +185,8 @@ class Item(Base):
         DateTime(timezone=True), comment="When it became final."
     )
     # The lease: the worker process that holds the item (queued to it or running there) and until
-    # when; renewed while it lives, taken back by the sweeper once it runs out. ``attempts`` is
-    # the fencing token: only the attempt that claimed the item last may finish it.
+    # when; renewed while it lives, taken back by the sweeper once it runs out. ``fence`` is the
+    # fencing token: only the claim that raised it last may finish the item.
     claimed_by: Mapped[str | None] = mapped_column(
         String(200), comment="Worker process holding its lease (host/pid)."
     )
@@ -238,6 +254,6 @@ class Attempt(Base):
         DateTime(timezone=True), comment="When it ended; null while it runs."
     )
     outcome: Mapped[str | None] = mapped_column(
-        String(16), comment="done, failed, retried, lost or superseded."
+        String(16), comment="done, failed, retried, lost, superseded or released."
     )
     error: Mapped[str | None] = mapped_column(Text, comment="Its error.")

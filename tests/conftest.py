@@ -40,7 +40,9 @@ def create_pg_database(prefix: str = "genjob_test") -> str:
 
 def drop_pg_database(url: str) -> None:
     db.get_engine(url).dispose()
+    db.get_engine(url, False).dispose()
     db.get_engine.cache_clear()
+    db._session_factory.cache_clear()
     name = url.rsplit("/", 1)[1]
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
@@ -81,14 +83,22 @@ def pg_url() -> Iterator[str]:
     drop_pg_database(url)
 
 
+def delete_queue(name: str) -> None:
+    """A queue and its priority lists (kombu keeps levels 3, 6, 9 in ``name␆␖N``)."""
+    import redis
+
+    from genjob.queueing import PRIORITY_SEPARATOR
+
+    keys = [name, *(f"{name}{PRIORITY_SEPARATOR}{level}" for level in (3, 6, 9))]
+    redis.Redis.from_url(REDIS_URL).delete(*keys)
+
+
 @pytest.fixture
 def queue_name() -> Iterator[str]:
     """A queue of this test's own; whatever is left in it is deleted afterwards."""
-    import redis
-
     name = f"gpu-test-{uuid.uuid4().hex[:8]}"
     yield name
-    redis.Redis.from_url(REDIS_URL).delete(name)
+    delete_queue(name)
 
 
 @pytest.fixture

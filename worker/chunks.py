@@ -8,7 +8,11 @@ job's expected speedup is derived again from its sums and the costs this worker 
 
 Reliability: the chunk's items are leased to this process (renewed by a ``LeaseKeeper`` thread), so
 no other worker runs them while it lives and the sweeper takes them back once it dies. Every database
-write is a short transaction retried with backoff on a dropped connection.
+write is a short transaction retried with backoff on a dropped connection. Faults land where they
+belong: a model that cannot load fails the job; anything else that fails while this worker holds
+items (its device, out of memory in warm-up, a bug) costs each held item a try and ends its lease at
+once (``WorkerFault``), so a flapping worker cannot loop a job forever: after ``GENJOB_MAX_ATTEMPTS``
+the items fail with the error and the job ends.
 Must not know: HTTP, the CLI.
 """
 
@@ -17,13 +21,16 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.constants import TERMINAL_JOB_STATUSES
-from genjob.db import run_transaction
+from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
+from genjob.db import RETRYABLE_DB_ERRORS, run_transaction
 from genjob.generation.costs import expected_speedup
 from genjob.generation.engine_stats import EngineStats
 from genjob.generation.loading import ModelLoadError
@@ -40,19 +47,50 @@ from genjob.worker.runners import RUNNERS, JobRunner
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ChunkRef:
+    """What a task message names: a job and a range of its items (``seq`` in [start, stop)), or, in
+    a message of the old format, a list of item ids."""
+
+    job_id: str
+    seq_range: tuple[int, int] | None = None
+    item_ids: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        if self.seq_range is not None:
+            return max(0, self.seq_range[1] - self.seq_range[0])
+        return len(self.item_ids or ())
+
+
+class WorkerFault(RuntimeError):
+    """This worker failed while holding a chunk's items (not the job's fault): each held item's try
+    was counted and its lease ended, for a sweeper to queue it again."""
+
+
 def _open_chunk(
-    session: Session, *, job_id: str, item_ids: list[int], holder: str, settings: Settings
+    session: Session, *, chunk: ChunkRef, holder: str, settings: Settings
 ) -> tuple[JobSpec, list[int], str] | None:
     """(spec, the chunk's items now leased to us, in order, the job's queue), or None if the job ended."""
-    job = session.get(Job, job_id)
+    job_id = chunk.job_id
+    job = session.execute(
+        select(Job.status, Job.expires_at, Job.spec, Job.queue).where(Job.id == job_id)
+    ).one_or_none()
     if job is None or job.status in TERMINAL_JOB_STATUSES:
         return None
     if job.expires_at is not None and store.expire_due_jobs(session, job_id=job_id):
         return None
-    store.mark_job_running(session, job_id=job_id)
-    reserved = leases.reserve_items(session, item_ids=item_ids, worker=holder, lease_s=settings.lease_s)
-    spec = JobSpec.model_validate(job.spec)
-    return spec, [item_id for item_id in item_ids if item_id in reserved], job.queue
+    if job.status != JobStatus.RUNNING:
+        store.mark_job_running(session, job_id=job_id)
+    reserved = leases.reserve_items(
+        session,
+        job_id=job_id,
+        worker=holder,
+        lease_s=settings.lease_s,
+        seq_range=chunk.seq_range,
+        item_ids=chunk.item_ids,
+        max_attempts=settings.max_attempts,
+    )
+    return JobSpec.model_validate(job.spec), reserved, job.queue
 
 
 def measurements(
@@ -82,8 +120,12 @@ def _close_chunk(
     holder: str,
     measured: store.ChunkMeasurements | None,
     runner: JobRunner | None,
+    interrupted: bool,
 ) -> None:
-    leases.release_reservations(session, item_ids=item_ids, worker=holder)
+    if item_ids and interrupted:  # a graceful stop: the leases end now, for a sweeper to queue them again
+        leases.end_leases(session, item_ids=item_ids, worker=holder)
+    elif item_ids:  # the chunk stopped early (its job ended): nobody will run them
+        leases.release_reservations(session, item_ids=item_ids, worker=holder)
     if measured is not None and runner is not None:
         job = store.record_chunk(session, job_id=job_id, measured=measured)
         if job is not None:
@@ -108,17 +150,26 @@ def _derive(job: Job, runner: JobRunner) -> None:
     job.costs = summary
 
 
-def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worker: str) -> ChunkOutcome:
-    """Generate every open item of the chunk; stop claiming if the job ends meanwhile."""
-    tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s)
+def process_chunk(
+    *,
+    settings: Settings,
+    job_id: str,
+    worker: str,
+    item_ids: list[int] | None = None,
+    seq_range: tuple[int, int] | None = None,
+) -> ChunkOutcome:
+    """Generate every open item of the chunk (a range of the job's items, or a list of item ids);
+    stop claiming if the job ends meanwhile, or the worker is asked to stop."""
+    tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s, ping=False)
+    chunk = ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
     holder = lease_holder(worker)
     outcome = ChunkOutcome()
-    opened = tx(_open_chunk, job_id=job_id, item_ids=item_ids, holder=holder, settings=settings)
+    opened = tx(_open_chunk, chunk=chunk, holder=holder, settings=settings)
     if opened is None:
-        outcome.skipped, outcome.stopped = len(item_ids), True
+        outcome.skipped, outcome.stopped = len(chunk), True
         return outcome
     spec, mine, queue = opened
-    outcome.skipped = len(item_ids) - len(mine)  # final, or held by another live worker
+    outcome.skipped = len(chunk) - len(mine)  # final, or held by another live worker
     if not mine:
         tx(store.finalize_job, job_id=job_id)
         return outcome
@@ -129,20 +180,64 @@ def process_chunk(*, settings: Settings, job_id: str, item_ids: list[int], worke
     with LeaseKeeper(settings, item_ids=mine, holder=holder):
         try:
             runner = RUNNERS.get(job_id, spec, settings=settings)
-        except ModelLoadError as exc:
+        except ModelLoadError as exc:  # the job's fault: it fails
             log.error("job %s: %s", job_id, exc)
             tx(store.fail_job, job_id=job_id, error=str(exc))
             outcome.stopped = True
             return outcome
+        except Exception as exc:  # this worker's fault (out of memory in warm-up, say)
+            raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
         note_once(tx, job_id=job_id, spec=spec)
         context = ChunkContext(settings=settings, job_id=job_id, holder=holder, worker=worker, tx=tx)
         labels = {"model": spec.model, "queue": queue, "mode": spec.mode.value, "worker": worker}
+        loop = ItemLoop(runner, context, outcome)
         with metered(runner.engine, outcome, **labels):
-            ItemLoop(runner, context, outcome).run(mine)
+            try:
+                loop.run(mine)
+            except RETRYABLE_DB_ERRORS:
+                raise  # the database is away: the task queues the chunk again later
+            except Exception as exc:
+                raise _fault(
+                    tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc, loop=loop
+                ) from exc
         engine = getattr(runner, "engine", None)
         if engine is not None:
             busy = time.perf_counter() - started
             k = engine.k if engine.proposer is not None else None
             measured = measurements(engine.stats.take(), busy_seconds=busy, draft_tokens=k)
-    tx(_close_chunk, job_id=job_id, item_ids=mine, holder=holder, measured=measured, runner=runner)
+    tx(
+        _close_chunk,
+        job_id=job_id,
+        item_ids=[i for i in mine if i not in loop.claimed or i in loop.alone],  # still held pending
+        holder=holder,
+        measured=measured,
+        runner=runner,
+        interrupted=outcome.interrupted,
+    )
     return outcome
+
+
+def _fault(
+    tx: Callable[..., Any],
+    settings: Settings,
+    *,
+    job_id: str,
+    item_ids: list[int],
+    holder: str,
+    exc: Exception,
+    loop: ItemLoop | None = None,
+) -> WorkerFault:
+    """Count a try for every item this worker holds, end its leases (a sweeper queues them again;
+    those out of tries fail with this error), and say so in one line."""
+    error = f"{type(exc).__name__}: {exc}"
+    log.error("job %s: this worker failed holding %d items: %s", job_id, len(item_ids), error, exc_info=exc)
+    counted = loop.give_up_in_flight(error) if loop is not None else set()
+    tx(
+        store.count_a_try_and_let_go,
+        item_ids=[item_id for item_id in item_ids if item_id not in counted],
+        worker=holder,
+        error=error,
+        max_attempts=settings.max_attempts,
+    )
+    tx(store.finalize_job, job_id=job_id)
+    return WorkerFault(f"job {job_id}: {error}")

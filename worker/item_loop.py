@@ -1,15 +1,20 @@
-"""The one item loop: a chunk's items through the engine, claimed as rows free up, written as they end.
+"""The one item loop: a chunk's items through the engine, claimed as rows free up, written in groups.
 
-Every job, every batch size (1 included), every mode runs here. Each item is claimed (an attempt,
-fenced) when the engine has a free row for it, then decoded in the batch; the rows that finish are
-written at once. Sampled greedy items of a speculative job also get a twin row decoded without
-drafts; the item's result records whether both agree (the lossless check).
+Every job, every batch size (1 included), every mode runs here. Items are claimed a group at a time
+(one UPDATE … RETURNING: an attempt each, fenced) as the engine frees rows for them (at least a
+quarter of the batch, or all it has when it runs dry), then decoded in the batch; the rows that
+finished are written in the same transaction as the next claim (results, attempts and the job's sums
+a statement each for the group), so the bookkeeping costs a few round trips per group, not per item.
+Sampled greedy items of a speculative job also get a twin row decoded without drafts; the item's
+result records whether both agree (the lossless check).
 
 Faults: an item whose prompt cannot be decoded here (too long for the context) fails alone. If a
 round raises, the batch is lost: its items go back (their try counted) and run one at a time after
 the rest, with the usual bounded retries, so a poison item fails alone and its batch-mates finish.
-Cancel and expiry are checked about once a second: no new item is claimed after them; the rows in
-flight finish and are kept. Must not know: HTTP, the CLI.
+Cancel and expiry are checked at every claim and about once a second: no new item is claimed after
+them; the rows in flight finish and are kept. On a graceful stop (SIGTERM, ``genjob.worker.health``)
+nothing more is claimed, the rows in flight get ``GENJOB_STOP_GRACE_S`` to finish, and the rest are
+given back at once (their tries not counted). Must not know: HTTP, the CLI.
 """
 
 from __future__ import annotations
@@ -26,16 +31,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.constants import TERMINAL_JOB_STATUSES
+from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome
 from genjob.generation.requests import Finished
 from genjob.settings import Settings
-from genjob.tables import Item, Job
+from genjob.store.items import ClaimedItem
+from genjob.tables import Job
+from genjob.worker.health import stopping
 from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_BACKOFF_S = 60.0
 JOB_CHECK_EVERY_S = 1.0
+WRITE_EVERY_S = 1.0  # finished rows wait at most this long for the next claim's transaction
 
 
 @dataclass
@@ -45,6 +53,7 @@ class ChunkOutcome:
     skipped: int = 0
     retried: int = 0
     stopped: bool = False
+    interrupted: bool = False  # a graceful stop (SIGTERM): what was left is given back
 
 
 @dataclass(frozen=True)
@@ -89,15 +98,21 @@ class ItemLoop:
     runner: JobRunner
     context: ChunkContext
     outcome: ChunkOutcome
-    in_flight: dict[int, tuple[Item, int]] = field(default_factory=dict)  # item id -> (item, attempt)
+    in_flight: dict[int, ClaimedItem] = field(default_factory=dict)
     twins: dict[int, Finished | None] = field(default_factory=dict)  # item id -> its plain twin, once done
     held: dict[int, Finished] = field(default_factory=dict)  # items done, waiting for their twin
     alone: list[int] = field(default_factory=list)  # items of a lost batch, to run one at a time
+    finished: list[tuple[ClaimedItem, dict[str, Any]]] = field(default_factory=list)  # to write
+    failed: list[tuple[ClaimedItem, str]] = field(default_factory=list)  # to write
+    claimed: set[int] = field(default_factory=set)  # every item this chunk claimed
+    written_at: float = field(default_factory=time.monotonic)
+    stop_seen: float | None = None
 
     def run(self, item_ids: list[int]) -> None:
         engine = self.runner.engine
         engine.max_rows = max(1, min(self.runner.batch_size, len(item_ids)))
         self._batched(deque(item_ids))
+        self._write()
         if self.alone:
             engine.max_rows = 1
             for item_id in self.alone:
@@ -106,18 +121,76 @@ class ItemLoop:
                     break
         self.runner.batch_size = min(self.runner.batch_size, max(engine.max_rows, 1))
 
+    # --- writing and claiming, one transaction ----------------------------------------------------------
+    def _sync(self, claim: list[int]) -> list[ClaimedItem]:
+        """Write what finished; claim ``claim`` (the items the job still has and that nobody else holds)."""
+        settings, context = self.context.settings, self.context
+        finished, failed = self.finished, self.failed
+        self.finished, self.failed, self.written_at = [], [], time.monotonic()
+        if not (finished or failed or claim):
+            return []
+        done, gone, claimed = context.tx(
+            store.write_and_claim,
+            job_id=context.job_id,
+            holder=context.holder,
+            lease_s=settings.lease_s,
+            max_attempts=settings.max_attempts,
+            finished=finished,
+            failed=failed,
+            claim=claim,
+        )
+        self.outcome.done += len(done)
+        self.outcome.failed += len(gone)
+        for item, _ in finished:
+            if item.id not in done:
+                log.warning(
+                    "job %s item %s: finished after its lease was taken over; result dropped",
+                    item.job_id,
+                    item.seq,
+                )
+        if claimed is store.Refused.JOB_ENDED:
+            self.outcome.stopped = True
+            self.outcome.skipped += len(claim)
+            return []
+        assert isinstance(claimed, list)
+        self.outcome.skipped += len(claim) - len(claimed)
+        self.claimed.update(item.id for item in claimed)
+        return claimed
+
+    def _write(self) -> None:
+        self._sync([])
+
+    def _due_for_writing(self, todo: deque[int]) -> bool:
+        pending = len(self.finished) + len(self.failed)
+        if not pending:
+            return False
+        return (
+            not todo
+            or pending >= self.runner.engine.max_rows
+            or time.monotonic() - self.written_at > WRITE_EVERY_S
+        )
+
     # --- the batched loop ------------------------------------------------------------------------------
     def _batched(self, todo: deque[int]) -> None:
         engine, tx, job_id = self.runner.engine, self.context.tx, self.context.job_id
         checked = time.monotonic()
         while todo or engine.busy:
+            if stopping() and self._stop_now(todo):
+                return
             if todo and time.monotonic() - checked > JOB_CHECK_EVERY_S:
                 checked = time.monotonic()
                 if tx(_job_ended, job_id=job_id):
                     self.outcome.stopped = True
-                    todo.clear()
-            while todo and engine.free_rows and not self.outcome.stopped:
-                self._admit(todo.popleft())
+            if self.outcome.stopped:
+                self.outcome.skipped += len(todo)
+                todo.clear()
+            want = min(engine.free_rows, len(todo))
+            refill = min(max(1, engine.max_rows // 4), len(todo))
+            if want and (want >= refill or not engine.busy):
+                for item in self._sync([todo.popleft() for _ in range(want)]):
+                    self._admit(item)
+            elif self._due_for_writing(todo):
+                self._write()
             if not engine.busy:
                 continue
             try:
@@ -128,22 +201,67 @@ class ItemLoop:
             for done in finished:
                 self._finished(done)
 
-    def _admit(self, item_id: int) -> None:
-        engine, settings = self.runner.engine, self.context.settings
-        claimed = self.context.tx(
-            store.claim_item,
-            item_id=item_id,
-            worker=self.context.holder,
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-        )
-        if claimed is store.Refused.JOB_ENDED:
-            self.outcome.stopped = True
-            return
-        if isinstance(claimed, store.Refused):
-            self.outcome.skipped += 1
-            return
-        item, attempt_id = claimed
+    def _stop_now(self, todo: deque[int]) -> bool:
+        """A graceful stop: claim nothing more; give the rows in flight until the grace ends."""
+        now = time.monotonic()
+        if self.stop_seen is None:
+            self.stop_seen = now
+            log.warning(
+                "job %s: stopping (SIGTERM): %d items in flight get %g s to finish, %d unstarted go back",
+                self.context.job_id,
+                len(self.in_flight),
+                self.context.settings.stop_grace_s,
+                len(todo),
+            )
+        self.outcome.stopped = self.outcome.interrupted = True
+        todo.clear()
+        if self.runner.engine.busy and now - self.stop_seen < self.context.settings.stop_grace_s:
+            return False
+        self._give_back()
+        return True
+
+    def _give_back(self) -> None:
+        """Hand the items in flight back at once (their leases end now, their tries are refunded)."""
+        self._write()
+        self.runner.engine.abandon()
+        items = list(self.in_flight.values())
+        self.in_flight.clear()
+        self.twins.clear()
+        self.held.clear()
+        if items:
+            self.context.tx(
+                store.release_items,
+                items=items,
+                worker=self.context.holder,
+                error=None,
+                outcome=AttemptOutcome.RELEASED,
+                refund=True,
+                expire_lease=True,
+            )
+
+    def give_up_in_flight(self, error: str) -> set[int]:
+        """After a fault of this worker: write what finished, hand back the items in flight, their
+        tries counted (``lost``) and their leases ended now, for a sweeper to queue them again."""
+        try:
+            self._write()
+        except Exception as exc:  # the items stay running: they are reclaimed once their lease ends
+            log.warning("job %s: could not write finished rows: %s", self.context.job_id, exc)
+            return set(self.in_flight)
+        items = list(self.in_flight.values())
+        self.in_flight.clear()
+        if items:
+            self.context.tx(
+                store.release_items,
+                items=items,
+                worker=self.context.holder,
+                error=error,
+                outcome=AttemptOutcome.LOST,
+                expire_lease=True,
+            )
+        return {item.id for item in items}
+
+    def _admit(self, item: ClaimedItem) -> None:
+        engine = self.runner.engine
         try:
             requests = [self.runner.request(item)]
             if self.runner.is_lossless_sample(item.seq):
@@ -152,24 +270,24 @@ class ItemLoop:
             engine.add(requests)
         except Exception as exc:  # PromptTooLong, an empty prompt: no other try can help
             self.twins.pop(item.id, None)
-            self._fail(item, attempt_id, exc)
+            self._fail(item, exc)
             return
-        self.in_flight[item.id] = (item, attempt_id)
+        self.in_flight[item.id] = item
 
     def _finished(self, done: Finished) -> None:
         if done.key < 0:  # a plain twin
             self.twins[-done.key] = done
             item_done = self.held.pop(-done.key, None)
             if item_done is not None:
-                self._write(item_done)
+                self._record(item_done)
             return
         if done.key in self.twins and self.twins[done.key] is None:
             self.held[done.key] = done  # wait for its twin
             return
-        self._write(done)
+        self._record(done)
 
-    def _write(self, done: Finished) -> None:
-        item, attempt_id = self.in_flight.pop(done.key)
+    def _record(self, done: Finished) -> None:
+        item = self.in_flight.pop(done.key)
         twin = self.twins.pop(done.key, None)
         lossless = None if twin is None else twin.token_ids == done.token_ids
         if twin is not None:  # the check's cost is the item's: its latency carries the twin's share
@@ -181,15 +299,7 @@ class ItemLoop:
                 done.token_ids,
                 twin.token_ids if twin else None,
             )
-        row = result_row(self.runner, done, self.context.worker, lossless)
-        if self.context.tx(store.finish_item, item=item, attempt_id=attempt_id, result=row):
-            self.outcome.done += 1
-        else:
-            log.warning(
-                "job %s item %s: finished after its lease was taken over; result dropped",
-                item.job_id,
-                item.seq,
-            )
+        self.finished.append((item, result_row(self.runner, done, self.context.worker, lossless)))
 
     def _lose_batch(self, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"
@@ -201,37 +311,56 @@ class ItemLoop:
             len(self.in_flight),
             traceback.format_exc(),
         )
-        for item, attempt_id in self.in_flight.values():
-            self.context.tx(store.release_for_retry, item=item, attempt_id=attempt_id, error=error)
-            self.alone.append(item.id)
+        items = list(self.in_flight.values())
         self.in_flight.clear()
         self.twins.clear()
         self.held.clear()
+        max_attempts = self.context.settings.max_attempts
+        for item in items:
+            if item.attempts >= max_attempts:  # no try left to run it alone
+                self._fail(item, exc)
+        self._write()
+        again = [item for item in items if item.attempts < max_attempts]
+        if again:
+            self.context.tx(
+                store.release_items,
+                items=again,
+                worker=self.context.holder,
+                error=error,
+                outcome=AttemptOutcome.RETRIED,
+            )
+            self.alone.extend(item.id for item in again)
 
-    def _fail(self, item: Item, attempt_id: int, exc: Exception) -> None:
+    def _fail(self, item: ClaimedItem, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"
         if item.attempts > 1:
             error += f" (attempt {item.attempts} of {self.context.settings.max_attempts})"
         log.warning("job %s item %s failed: %s", item.job_id, item.seq, error)
-        self.context.tx(store.fail_item, item=item, attempt_id=attempt_id, error=error)
-        self.outcome.failed += 1
+        self.failed.append((item, error))
 
     # --- one item alone, retried with backoff -----------------------------------------------------------
     def _single(self, item_id: int) -> bool:
         """Claim, decode and record one item, trying again after an error; False: stop the chunk."""
         settings, engine = self.context.settings, self.runner.engine
         while True:
-            before = self.outcome.failed
-            self._admit(item_id)
+            if stopping():
+                self.outcome.interrupted = True
+                return False
+            claimed = self._sync([item_id])
             if self.outcome.stopped:
                 return False
-            if item_id not in self.in_flight:  # refused, or failed at once
+            if not claimed:  # final, or held by another
                 return True
-            item, attempt_id = self.in_flight[item_id]
+            item = claimed[0]
+            self._admit(item)
+            if item_id not in self.in_flight:  # failed at once
+                self._write()
+                return True
             try:
                 while engine.busy:
                     for done in engine.step():
                         self._finished(done)
+                self._write()
                 return True
             except Exception as exc:
                 engine.abandon()
@@ -240,7 +369,8 @@ class ItemLoop:
                 self.held.pop(item_id, None)
                 if isinstance(exc, PERMANENT_ITEM_ERRORS) or item.attempts >= settings.max_attempts:
                     log.warning("%s", traceback.format_exc())
-                    self._fail(item, attempt_id, exc)
+                    self._fail(item, exc)
+                    self._write()
                     return True
                 delay = retry_delay(settings, item.attempts)
                 error = f"{type(exc).__name__}: {exc}"
@@ -252,7 +382,12 @@ class ItemLoop:
                     item.attempts + 1,
                     delay,
                 )
-                self.context.tx(store.release_for_retry, item=item, attempt_id=attempt_id, error=error)
+                self.context.tx(
+                    store.release_items,
+                    items=[item],
+                    worker=self.context.holder,
+                    error=error,
+                    outcome=AttemptOutcome.RETRIED,
+                )
                 self.outcome.retried += 1
-                assert self.outcome.failed == before
                 time.sleep(delay)

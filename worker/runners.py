@@ -28,7 +28,7 @@ from genjob.generation.proposers import PromptLookup, Proposer
 from genjob.generation.requests import Request
 from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.tables import Item
+from genjob.store.items import ClaimedItem
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class JobRunner:
         tokenizer = load_tokenizer(spec.model)
         return cls(spec, engine, tokenizer, eos_ids(target, tokenizer), max_positions(target), batch)
 
-    def request(self, item: Item, *, key: int | None = None, plain: bool = False) -> Request:
+    def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request:
         """The item as the engine's request; ``plain``: a twin decoded without drafts (the lossless check)."""
         spec = self.spec
         max_new_tokens = item.max_new_tokens or spec.max_new_tokens

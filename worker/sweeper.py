@@ -2,12 +2,16 @@
 
 Every ``sweep_interval_s`` it
   1. ends jobs past their deadline (``expired``; their pending items too);
-  2. takes back items whose lease ran out (the worker holding them was killed, lost power or
-     froze) and queues them again; without this a SIGKILLed worker's chunk would wait for the
-     broker's visibility timeout (hours);
-  3. notices a broker that lost its queues (Redis restarted without persistence, or flushed):
+  2. takes back items whose lease ran out (the worker holding them was killed, lost power, froze,
+     stopped, or failed holding them) and queues them again; those that used every try fail; without
+     this a SIGKILLed worker's chunk would wait for the broker's visibility timeout (hours);
+  3. finishes the queueing of jobs whose publisher stopped half-way (a submit killed mid-enqueue,
+     a broker that was down): ``jobs.queued_seq`` says how far it got;
+  4. ends live jobs whose items are all final (their last worker died before it could);
+  5. notices a broker that lost its queues (Redis restarted without persistence, or flushed):
      the marker key it keeps there is gone, so it queues the pending items of every live job
-     again (duplicates are harmless: a claim skips items that are final or leased).
+     again (duplicates are harmless: a claim skips items that are final or leased). On a broker
+     that never had the marker (a fresh one) there is nothing to queue again, and nothing is said.
 Sweepers on many workers may run at once: reclaiming locks the rows it takes (SKIP LOCKED) and
 the marker is set with SET NX, so each lost item is queued again by one sweeper.
 
@@ -30,7 +34,7 @@ from sqlalchemy.engine import make_url
 from genjob import store
 from genjob.constants import BROKER_MARK_KEY
 from genjob.db import run_transaction, session_scope
-from genjob.queueing import publish_chunks
+from genjob.queueing import publish_ranges, publish_rest
 from genjob.store import leases
 from genjob.tables import utcnow
 
@@ -60,6 +64,8 @@ class SweepReport:
     expired_jobs: int = 0
     reclaimed_items: int = 0
     recovered_chunks: int = 0
+    finished_queueing: int = 0
+    ended_jobs: int = 0
 
 
 class Sweeper:
@@ -75,17 +81,44 @@ class Sweeper:
         if expired:
             log.warning("jobs past their deadline, now expired: %s", ", ".join(expired))
         report.reclaimed_items = run_transaction(url, self._requeue_expired_leases)
+        report.finished_queueing = self._finish_stalled_queueing()
+        ended = run_transaction(url, store.finalize_settled_jobs)
+        report.ended_jobs = len(ended)
+        if ended:
+            log.warning("jobs whose items had all ended, now ended too: %s", ", ".join(ended))
         report.recovered_chunks = self._recover_lost_queues()
         return report
 
     def _requeue_expired_leases(self, session) -> int:
-        """Queue again, before the reset commits, the items whose workers died."""
-        reclaimed = leases.reclaim_expired_leases(session)
-        for job_id, (queue, item_ids) in reclaimed.items():
-            log.warning("job %s: %d items lost with their worker, queued again", job_id, len(item_ids))
-            chunks = (list(chunk) for chunk in store.batched(item_ids, self.settings.chunk_size))
-            publish_chunks(self.app, job_id=job_id, queue=queue, chunks=chunks)
-        return sum(len(item_ids) for _, item_ids in reclaimed.values())
+        """Queue again, before the reset commits, the items whose workers died (or failed holding them)."""
+        reclaimed = leases.reclaim_expired_leases(session, max_attempts=self.settings.max_attempts)
+        for job_id, (queue, seqs) in reclaimed.items():
+            log.warning("job %s: %d items lost with their worker, queued again", job_id, len(seqs))
+            ranges = store.seq_runs(seqs, self.settings.chunk_size)
+            publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
+        return sum(len(seqs) for _, seqs in reclaimed.values())
+
+    def _finish_stalled_queueing(self) -> int:
+        """Queue the rest of every job whose publisher stopped (its progress is older than a lease)."""
+        url, sent = self.settings.database_url, 0
+        stalled = run_transaction(url, store.take_over_stalled_queueing, stalled_for_s=self.settings.lease_s)
+        for job_id, queue, queued_seq, total in stalled:
+            log.warning(
+                "job %s: its submit stopped queueing at item %d of %d; queueing the rest",
+                job_id,
+                queued_seq,
+                total,
+            )
+            sent += publish_rest(
+                self.app,
+                database_url=url,
+                job_id=job_id,
+                queue=queue,
+                start=queued_seq,
+                stop=total,
+                chunk_size=self.settings.chunk_size,
+            )
+        return sent
 
     def _recover_lost_queues(self) -> int:
         broker = self.settings.broker_url or ""
@@ -111,10 +144,10 @@ class Sweeper:
         sent = 0
         with session_scope(self.settings.database_url) as session:
             for job_id, queue in store.live_jobs_with_pending_items(session):
-                chunks = store.pending_item_chunks(
+                ranges = store.pending_ranges(
                     session, job_id=job_id, chunk_size=self.settings.chunk_size, unleased_at=utcnow()
                 )
-                sent += publish_chunks(self.app, job_id=job_id, queue=queue, chunks=chunks)
+                sent += publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
         if sent:
             log.warning(
                 "the broker had lost its queues (no %s): queued %d chunks again", BROKER_MARK_KEY, sent

@@ -1,8 +1,16 @@
-"""Celery tasks. A message carries only (job id, item ids), never prompts: the database has them."""
+"""Celery tasks. A message names a job and a range of its items, never prompts: the database has them.
+
+``generate_chunk(job_id, start, stop)`` runs the job's items with ``seq`` in [start, stop); a message
+of the old format, ``generate_chunk(job_id, [item ids])`` (still queued during an upgrade), runs those
+items. In Flower a chunk reads ``job=abc123 items 100-163`` (its ``argsrepr``), and its result says
+``chunk: clean``, ``with failures`` (some items failed for good) or ``stopped`` (the job ended, or the
+worker was stopped), without changing how the message is delivered or acknowledged.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery import Celery, Task
 from celery.signals import worker_process_init
@@ -15,8 +23,17 @@ log = logging.getLogger(__name__)
 MAX_TASK_RETRY_DELAY_S = 60
 
 
+def chunk_result(outcome: Any) -> dict[str, Any]:
+    """The task's result, as Flower shows it: the chunk's kind first, then its counts."""
+    kind = "stopped" if outcome.stopped else "WITH FAILURES" if outcome.failed else "clean"
+    return {"chunk": kind, "done": outcome.done, "failed": outcome.failed, "skipped": outcome.skipped}
+
+
 def register_tasks(app: Celery) -> None:
     settings = app.genjob_settings
+    from genjob.worker.health import install_stop_handlers
+
+    install_stop_handlers()
 
     @worker_process_init.connect(weak=False)
     def _limit_threads(**_kwargs) -> None:
@@ -27,16 +44,21 @@ def register_tasks(app: Celery) -> None:
 
     # shared=False: a task of one app (its settings) must never be lent to another app.
     @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False)
-    def generate_chunk(self: Task, job_id: str, item_ids: list[int]) -> dict:
-        """Generate the items ``item_ids`` of job ``job_id`` and store their results."""
-        from genjob.worker.chunks import process_chunk  # torch loads in the worker only
+    def generate_chunk(self: Task, job_id: str, items: int | list[int], stop: int | None = None) -> dict:
+        """Generate the items [``items``, ``stop``) of job ``job_id`` (or the item ids ``items``)."""
+        from genjob.worker.chunks import WorkerFault, process_chunk  # torch loads in the worker only
+        from genjob.worker.health import catch_sigterm_in_pool
         from genjob.worker.leasing import worker_name
 
         worker = self.request.hostname or worker_name()
+        if not self.request.is_eager:
+            catch_sigterm_in_pool()
+        if isinstance(items, list):  # the old format: (job id, [item ids])
+            chunk: dict[str, Any] = {"item_ids": [int(item_id) for item_id in items]}
+        else:
+            chunk = {"seq_range": (int(items), int(stop if stop is not None else items + 1))}
         try:
-            outcome = process_chunk(
-                settings=self.app.genjob_settings, job_id=job_id, item_ids=item_ids, worker=worker
-            )
+            outcome = process_chunk(settings=self.app.genjob_settings, job_id=job_id, worker=worker, **chunk)
         except RETRYABLE_DB_ERRORS as exc:
             # The database stayed away longer than db_retry_s. Acking would lose the chunk's
             # unreserved items, so queue the chunk again, later (backoff, no limit).
@@ -45,5 +67,9 @@ def register_tasks(app: Celery) -> None:
             delay = min(5 * 2**self.request.retries, MAX_TASK_RETRY_DELAY_S)
             log.error("job %s: database unavailable (%s); chunk queued again in %d s", job_id, exc, delay)
             raise self.retry(exc=exc, countdown=delay, max_retries=None) from exc
-        log.info("job %s chunk of %d: %s", job_id, len(item_ids), outcome)
-        return {"done": outcome.done, "failed": outcome.failed, "skipped": outcome.skipped}
+        except WorkerFault:
+            if self.request.is_eager:
+                raise
+            return {"chunk": "WORKER FAULT", "done": 0, "failed": 0, "skipped": 0}
+        log.info("job %s chunk %s: %s", job_id, chunk, outcome)
+        return chunk_result(outcome)

@@ -42,13 +42,17 @@ def _load_job(settings: Settings, job_id: str) -> Job:
         return store.get_job(session, job_id=job_id)
 
 
-async def _enqueue(settings: Settings, job_id: str, chunk_size: int, background: BackgroundTasks) -> int:
-    """Queue the job's pending items as chunks (returns how many); embedded: run them after the response."""
+async def _enqueue(
+    settings: Settings, job_id: str, chunk_size: int, background: BackgroundTasks, everything: bool = False
+) -> int:
+    """Queue what the job is missing as chunks (returns how many); embedded: run them after the response."""
     if settings.embedded:
         background.add_task(enqueue_job, settings, job_id=job_id, chunk_size=chunk_size)
         return await run_in_threadpool(_count_chunks, settings, job_id, chunk_size)
     try:
-        return await run_in_threadpool(enqueue_job, settings, job_id=job_id, chunk_size=chunk_size)
+        return await run_in_threadpool(
+            enqueue_job, settings, job_id=job_id, chunk_size=chunk_size, everything=everything
+        )
     except BrokerUnavailable as exc:
         raise ApiError(
             503,
@@ -60,7 +64,7 @@ async def _enqueue(settings: Settings, job_id: str, chunk_size: int, background:
 
 def _count_chunks(settings: Settings, job_id: str, chunk_size: int) -> int:
     with session_scope(settings.database_url) as session:
-        return sum(1 for _ in store.pending_item_chunks(session, job_id=job_id, chunk_size=chunk_size))
+        return sum(1 for _ in store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size))
 
 
 @router.post(
@@ -138,12 +142,18 @@ def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
     return JobOut.of(job)
 
 
-@router.post(
-    "/{job_id}/requeue", summary="Queue a job's pending items again", responses=error_responses(404, 409, 503)
-)
-async def requeue_job(job: JobDep, settings: SettingsDep, background: BackgroundTasks) -> RequeueOut:
-    """After a broker outage, say. Safe to repeat: workers skip items that are already finished."""
+@router.post("/{job_id}/requeue", summary="Queue what a job is missing", responses=error_responses(404, 503))
+async def requeue_job(
+    job: JobDep,
+    settings: SettingsDep,
+    background: BackgroundTasks,
+    everything: bool = Query(
+        False, alias="all", description="Queue every pending item not held by a live worker again."
+    ),
+) -> RequeueOut:
+    """Queue the items the job's submit did not get to and those whose worker died (``chunks`` 0:
+    nothing was missing, or the job already ended). Safe to repeat, on a job in any state."""
     if job.status in TERMINAL_JOB_STATUSES:
-        raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
-    chunks = await _enqueue(settings, job.id, settings.chunk_size, background)
+        return RequeueOut(job=JobOut.of(job), chunks=0)
+    chunks = await _enqueue(settings, job.id, settings.chunk_size, background, everything=everything)
     return RequeueOut(job=JobOut.of(job), chunks=chunks)

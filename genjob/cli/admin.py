@@ -60,7 +60,9 @@ def worker(
 ) -> None:
     """Run a Celery worker that generates queued chunks.
 
-    Acks late, prefetches one chunk, loads models once per process. Extra
+    Checks its device first (GENJOB_DEVICE): a device that cannot start or run
+    a warm-up computation stops it before it takes any chunk (exit 1, one line
+    saying why). Acks late, prefetches one chunk, loads models once per process. Extra
     arguments go to `celery worker` as they are. With --metrics-port, the
     pool processes' metrics are served from the main process (Prometheus
     multiprocess mode, in PROMETHEUS_MULTIPROC_DIR or a temporary directory).
@@ -68,6 +70,14 @@ def worker(
     settings = get_settings()
     if settings.embedded:
         raise click.ClickException("GENJOB_BROKER_URL is not set: a worker needs a broker (redis://…)")
+    from genjob.worker.health import DeviceUnusable, check_device
+
+    try:
+        check_device(settings.device)
+    except DeviceUnusable as exc:  # a worker that can only fail must not take chunks
+        raise click.ClickException(
+            f"worker not started: {exc}; set GENJOB_DEVICE to a device this machine has (cpu, cuda:0…)"
+        ) from exc
     port = metrics_port or settings.metrics_port
     if port is not None:
         _serve_metrics(port)

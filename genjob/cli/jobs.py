@@ -39,11 +39,12 @@ def deadline(expire_after: timedelta | None) -> datetime | None:
     return utcnow() + expire_after if expire_after is not None else None
 
 
-def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int) -> int:
-    """Queue the job's pending items; a broker that does not answer is the user's error, with the
-    command that queues them once it is back (the items are stored: nothing is lost)."""
+def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int, everything: bool = False) -> int:
+    """Queue what the job is missing; a broker that does not answer is the user's error, with the
+    command that queues them once it is back (the items are stored: nothing is lost; a worker's
+    sweeper also finishes the queueing by itself once the broker is back)."""
     try:
-        return enqueue_job(settings, job_id=job_id, chunk_size=chunk_size)
+        return enqueue_job(settings, job_id=job_id, chunk_size=chunk_size, everything=everything)
     except BrokerUnavailable as exc:
         raise click.ClickException(f"{exc}; once the broker is back: genjob requeue {job_id}") from exc
 
@@ -175,17 +176,27 @@ def cancel(job_id: str) -> None:
 @click.command()
 @job_reference
 @click.option("--chunk-size", type=click.IntRange(min=1), help="Items per task message.")
-def requeue(job_id: str, chunk_size: int | None) -> None:
-    """Queue a job's pending items again (after the broker was down, say).
+@click.option(
+    "--all", "everything", is_flag=True, help="Queue every pending item not held by a live worker again."
+)
+def requeue(job_id: str, chunk_size: int | None, everything: bool) -> None:
+    """Queue what a job is missing (after the broker was down, say).
 
-    Safe to repeat: workers skip items that are already finished.
+    That is the items its submit did not get to queue and those whose worker
+    died; nothing when nothing is missing. Safe to repeat, on a job in any
+    state (an ended job has nothing to queue): workers skip finished items.
     """
     settings = settings_and_schema()
     job = load_job(settings, job_id)
     if job.status in TERMINAL_JOB_STATUSES:
-        raise click.ClickException(f"job {job.id} already ended ({job.status})")
-    chunks = enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
-    click.echo(f"queued {chunks} chunks of job {job.id}")
+        click.echo(f"job {job.id} already ended ({job.status}): nothing to queue")
+        return
+    size = chunk_size or settings.chunk_size
+    chunks = enqueue_or_explain(settings, job_id=job.id, chunk_size=size, everything=everything)
+    if chunks:
+        click.echo(f"queued {chunks} chunks of job {job.id}")
+    else:
+        click.echo(f"job {job.id} is missing nothing: its items are queued or held by workers (--all: again)")
 
 
 @click.command()
@@ -196,7 +207,9 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
     """Run a job's failed items again; done items keep their results.
 
     Each failed item gets GENJOB_MAX_ATTEMPTS fresh tries and the job runs
-    until they end. Cancelled and expired jobs are not retried.
+    until they end; a late result of an earlier try is refused (its fence is
+    stale). Safe to repeat: with no failed items left it does nothing.
+    Cancelled and expired jobs are not retried.
     """
     settings = settings_and_schema()
     job = load_job(settings, job_id)
@@ -207,8 +220,9 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
     if not retried:
-        raise click.ClickException(f"job {job.id} has no failed items")
-    enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size)
+        click.echo(f"job {job.id} has no failed items: nothing to retry")
+        return
+    enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size, everything=True)
     click.echo(f"retrying {retried} failed items of job {job.id}")
 
 

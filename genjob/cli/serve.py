@@ -50,8 +50,9 @@ def _is_loopback(address: str) -> bool:
 def flower(address: str, port: int, flower_args: tuple[str, ...]) -> None:
     """Run Flower, the Celery dashboard, on the broker the workers use.
 
-    It shows the workers and every chunk task (genjob.generate_chunk, with the
-    job id in its arguments). Listening beyond loopback needs authentication:
+    It shows the workers and every chunk task (genjob.generate_chunk; its
+    arguments read job=ID items 0-63, its result starts with the chunk's kind:
+    clean, WITH FAILURES, stopped or WORKER FAULT). Listening beyond loopback needs authentication:
     --basic-auth=user:password (or FLOWER_BASIC_AUTH). Its HTTP API (/api/...)
     also needs authentication, or FLOWER_UNAUTHENTICATED_API=true. Extra
     arguments go to Flower as they are.

@@ -70,11 +70,14 @@ def read_prompts(
     input_format: InputFormat = InputFormat.GENJOB,
     tokenizer: SubmitTokenizer | None = None,
     max_new_tokens: int | None = None,
+    duplicate_ids: bool = True,
 ) -> Iterator[PromptItem | LineError]:
     """Every line's item or error, in order. With a ``tokenizer`` and ``max_new_tokens`` (the job's
-    default), each valid prompt is also checked against the model's context."""
+    default), each valid prompt is also checked against the model's context. ``duplicate_ids``:
+    refuse an id seen on an earlier line (this keeps every id in memory; ``genjob.submit`` leaves
+    it to the database's unique index, and asks for it only to report a file it refused)."""
     try:
-        yield from _read(stream, limits, input_format, tokenizer, max_new_tokens)
+        yield from _read(stream, limits, input_format, tokenizer, max_new_tokens, duplicate_ids)
     except FileTooLarge:
         yield LineError(None, file_too_large_message(None, limits.max_file_bytes))
 
@@ -85,6 +88,7 @@ def _read(
     fmt: InputFormat,
     tokenizer: SubmitTokenizer | None,
     max_new_tokens: int | None,
+    duplicate_ids: bool,
 ) -> Iterator[PromptItem | LineError]:
     seen_ids: set[str] = set()
     endpoint: tuple[OpenAIEndpoint, int] | None = None  # the file's endpoint, and its first line
@@ -130,7 +134,7 @@ def _read(
                     parsed.prompt_field,
                 )
                 continue
-        if parsed.custom_id is not None:
+        if parsed.custom_id is not None and duplicate_ids:
             if parsed.custom_id in seen_ids:
                 field = parsed.id_field
                 yield LineError(number, f"field '{field}': duplicate id {parsed.custom_id!r}", field)
@@ -163,6 +167,7 @@ def check_prompts(
     input_format: InputFormat = InputFormat.GENJOB,
     tokenizer: SubmitTokenizer | None = None,
     max_new_tokens: int | None = None,
+    duplicate_ids: bool = True,
 ) -> InputSummary:
     """Check every line; return the number of prompts (and endpoint) or raise ``InputFileError``."""
     errors: list[LineError] = []
@@ -170,7 +175,12 @@ def check_prompts(
     count = 0
     endpoint = None
     entries = read_prompts(
-        stream, limits=limits, input_format=input_format, tokenizer=tokenizer, max_new_tokens=max_new_tokens
+        stream,
+        limits=limits,
+        input_format=input_format,
+        tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens,
+        duplicate_ids=duplicate_ids,
     )
     for entry in entries:
         if isinstance(entry, LineError):
@@ -196,8 +206,12 @@ def valid_prompts(
     input_format: InputFormat = InputFormat.GENJOB,
     tokenizer: SubmitTokenizer | None = None,
 ) -> Iterator[PromptItem]:
-    """The prompts of an already checked stream; raises on the first error regardless."""
-    for entry in read_prompts(stream, limits=limits, input_format=input_format, tokenizer=tokenizer):
+    """The prompts of an already checked stream (ids not checked for duplicates: the database's unique
+    index does it); raises on the first error regardless."""
+    entries = read_prompts(
+        stream, limits=limits, input_format=input_format, tokenizer=tokenizer, duplicate_ids=False
+    )
+    for entry in entries:
         if isinstance(entry, LineError):
             raise InputFileError(source, [entry])
         yield entry

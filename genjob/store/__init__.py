@@ -1,13 +1,18 @@
 """The store: every SQL statement on jobs, items, results and attempts, as keyword-only functions
-taking a Session (``jobs``: whole jobs; ``items``: one item's transitions; ``leases``: who holds an
-item). Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
+taking a Session (``jobs``: whole jobs; ``items``: item transitions, set-based, ``finishing`` their
+one-statement form on Postgres; ``leases``: who holds an item; ``queued``: what a job has queued).
+Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
 from genjob.store.items import (
+    ClaimedItem,
     Refused,
-    claim_item,
-    fail_item,
-    finish_item,
-    release_for_retry,
+    claim_items,
+    count_a_try_and_let_go,
+    fail_items,
+    finish_items,
+    give_up_exhausted,
+    release_items,
+    write_and_claim,
 )
 from genjob.store.jobs import (
     ChunkMeasurements,
@@ -18,38 +23,56 @@ from genjob.store.jobs import (
     expire_due_jobs,
     fail_job,
     finalize_job,
+    finalize_settled_jobs,
     get_job,
     iter_results,
     list_jobs,
-    live_jobs_with_pending_items,
     mark_job_running,
     new_job_id,
-    pending_item_chunks,
     record_chunk,
     retry_failed_items,
+)
+from genjob.store.queued import (
+    live_jobs_with_pending_items,
+    pending_item_chunks,
+    pending_ranges,
+    record_queued,
+    seq_ranges,
+    seq_runs,
+    take_over_stalled_queueing,
 )
 
 __all__ = [
     "ChunkMeasurements",
+    "ClaimedItem",
     "JobNotFound",
     "Refused",
     "batched",
     "cancel_job",
-    "claim_item",
+    "claim_items",
+    "count_a_try_and_let_go",
     "create_job",
     "expire_due_jobs",
-    "fail_item",
+    "fail_items",
     "fail_job",
     "finalize_job",
-    "finish_item",
+    "finalize_settled_jobs",
+    "finish_items",
     "get_job",
+    "give_up_exhausted",
     "iter_results",
     "list_jobs",
     "live_jobs_with_pending_items",
     "mark_job_running",
     "new_job_id",
     "pending_item_chunks",
+    "pending_ranges",
     "record_chunk",
-    "release_for_retry",
+    "record_queued",
+    "release_items",
     "retry_failed_items",
+    "seq_ranges",
+    "seq_runs",
+    "take_over_stalled_queueing",
+    "write_and_claim",
 ]

@@ -1,180 +1,386 @@
-"""Item transitions: claim, finish (with the result and the job's sums), fail, release for retry.
+"""Item transitions, set-based: claim a group, finish a group (results, attempts, the job's sums), fail,
+release. Core SQL, a few statements per group of items, never a statement per item on the hot path.
 
-An item moves to a final status at most once (a conditional UPDATE fenced by ``attempts``, the
-attempt counter: only the attempt that claimed the item last may finish it), and only that
-transition writes its result (an upsert on (job_id, item_id)) and bumps the job's counters, all in
-one transaction, so a redelivered chunk skips finished items and never counts one twice.
-Must not know: Celery, torch, the HTTP API.
+Fencing: every claim raises ``items.fence`` (never reset, not even by ``genjob retry``, which resets
+``attempts``, the budget); an item moves to a final status at most once, by a conditional UPDATE that
+names the fence its claim got, and only that transition writes its result (an upsert on (job_id,
+item_id)) and bumps the job's counters, all in one transaction. A redelivered chunk therefore skips
+finished items, and a stale worker's late result (its lease was taken over, or the item was retried
+meanwhile) is refused (its attempt is recorded ``superseded``).
+
+An attempt's row is written once, when it ends (done, failed, retried, superseded, released); a try
+whose worker died is written by the sweeper as ``lost`` from the item's own ``started_at`` and
+``claimed_by``. Must not know: Celery, torch, the HTTP API.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, select, update
+from sqlalchemy import case, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from genjob.constants import (
-    OPEN_ITEM_STATUSES,
-    TERMINAL_JOB_STATUSES,
-    AttemptOutcome,
-    ItemStatus,
-)
-from genjob.db import changed_rows
+from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus
+from genjob.store.finishing import SUMMED, finish_on_postgres
 from genjob.store.jobs import expire_due_jobs
-from genjob.store.leases import as_utc, close_open_attempts
+from genjob.store.leases import as_utc, gave_up_error, lease_is_free
 from genjob.tables import Attempt, Item, Job, Result, utcnow
 
 
 class Refused(StrEnum):
-    """Why ``claim_item`` did not claim an item."""
+    """Why ``claim_items`` claimed nothing at all."""
 
-    FINAL = "final"  # done, failed, cancelled or expired already
-    LEASED = "leased"  # another live worker holds it
-    GAVE_UP = "gave up"  # it used all its tries: now failed
     JOB_ENDED = "job ended"  # its job was cancelled, failed or expired: the chunk stops
 
 
-def claim_item(
+@dataclass(frozen=True)
+class ClaimedItem:
+    """What a worker needs of an item it claimed: its prompt, and the fence it must finish with."""
+
+    id: int
+    job_id: str
+    seq: int
+    prompt: str
+    max_new_tokens: int | None
+    attempts: int
+    fence: int
+    started_at: datetime
+    error: str | None = None  # the last try's error, if any
+
+
+def give_up_exhausted(
+    session: Session, *, job_id: str, item_ids: Sequence[int], max_attempts: int, now: datetime | None = None
+) -> int:
+    """Fail the pending items among ``item_ids`` that already used ``max_attempts`` (say, each try
+    killed its worker); returns how many, counted in the job's ``failed``."""
+    now = now or utcnow()
+    failed = session.execute(
+        update(Item)
+        .where(Item.id.in_(list(item_ids)), Item.status == ItemStatus.PENDING, Item.attempts >= max_attempts)
+        .values(
+            status=ItemStatus.FAILED,
+            error=gave_up_error(Item.attempts, Item.error),
+            finished_at=now,
+            lease_expires_at=None,
+        )
+        .returning(Item.id)
+    ).all()
+    if failed:
+        session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + len(failed)))
+    return len(failed)
+
+
+def _job_is_live(session: Session, *, job_id: str, now: datetime) -> bool:
+    """Share-lock the job's row (the order cancel and expiry lock it in, so a cancel waits for claims
+    under way and every later claim sees it) and say whether it is still live (expiring it if due)."""
+    row = session.execute(
+        select(Job.status, Job.expires_at).where(Job.id == job_id).with_for_update(read=True)
+    ).one_or_none()
+    if row is None or row.status in TERMINAL_JOB_STATUSES:
+        return False
+    if row.expires_at is not None and as_utc(row.expires_at) <= now:
+        return not expire_due_jobs(session, now=now, job_id=job_id)
+    return True
+
+
+def claim_items(
     session: Session,
     *,
-    item_id: int,
+    job_id: str,
+    item_ids: Sequence[int],
     worker: str,
     lease_s: float,
     max_attempts: int,
     now: datetime | None = None,
-) -> tuple[Item, int] | Refused:
-    """Start an attempt on an open item of a live job: (item, attempt id), or why not.
-
-    The item's row is locked, so two workers can never both claim it. The job's row is share-
-    locked first (the order cancel and expiry lock them in), so a cancel waits for claims under
-    way and every later claim sees it: no item starts after a cancel commits. A running item is
-    taken over only once its lease ran out (its worker died); its open attempt is then closed as
-    lost. An item that already used ``max_attempts`` (say, it kills the worker every time) is
-    failed. A job past its deadline is expired here.
-    """
+) -> list[ClaimedItem] | Refused:
+    """Start a try on each open, claimable item among ``item_ids`` (one UPDATE … RETURNING): status
+    running, ``attempts`` + 1, ``fence`` + 1, leased to ``worker``. Items that are final, held by
+    another live worker or out of tries are left out (the caller skips them). A job that ended (or
+    is past its deadline) refuses the whole claim: the UPDATE share-locks the job's row first (the
+    order cancel and expiry lock it in, so a cancel waits for claims under way and every later claim
+    sees it: no item starts after a cancel commits)."""
     now = now or utcnow()
-    job_row = session.execute(
-        select(Job.status, Job.expires_at)
-        .join(Item, Item.job_id == Job.id)
-        .where(Item.id == item_id)
-        .with_for_update(read=True, of=Job)
-    ).one_or_none()
-    item = session.get(Item, item_id, with_for_update=True, populate_existing=True)
-    if job_row is None or item is None:
-        return Refused.FINAL
-    job_status, expires_at = job_row
-    if job_status in TERMINAL_JOB_STATUSES:
-        return Refused.JOB_ENDED
-    if (
-        expires_at is not None
-        and as_utc(expires_at) <= now
-        and expire_due_jobs(session, now=now, job_id=item.job_id)
-    ):
-        return Refused.JOB_ENDED
-    if item.status not in OPEN_ITEM_STATUSES:
-        return Refused.FINAL
-    lease_live = item.lease_expires_at is not None and as_utc(item.lease_expires_at) > now
-    if item.claimed_by not in (None, worker) and lease_live:
-        return Refused.LEASED
-    if item.status == ItemStatus.RUNNING:
-        close_open_attempts(session, item_id=item.id, now=now)  # a try whose worker died
-    if item.attempts >= max_attempts:
-        error = f"gave up after {item.attempts} attempts; last: {item.error or 'its worker was lost'}"
-        item.status, item.error, item.finished_at, item.lease_expires_at = ItemStatus.FAILED, error, now, None
-        session.execute(update(Job).where(Job.id == item.job_id).values(failed=Job.failed + 1))
-        session.flush()
-        return Refused.GAVE_UP
-    item.status = ItemStatus.RUNNING
-    item.attempts += 1
-    item.started_at = now
-    item.claimed_by = worker
-    item.lease_expires_at = now + timedelta(seconds=lease_s)
-    attempt = Attempt(job_id=item.job_id, item_id=item.id, worker=worker, started_at=now)
-    session.add(attempt)
-    session.flush()
-    return item, attempt.id
-
-
-def _held_by_this_attempt(item: Item) -> ColumnElement[bool]:
-    """SQL condition: still running under the attempt that claimed ``item`` (the fencing token)."""
-    return and_(Item.id == item.id, Item.status == ItemStatus.RUNNING, Item.attempts == item.attempts)
-
-
-def release_for_retry(session: Session, *, item: Item, attempt_id: int, error: str) -> bool:
-    """An attempt raised and tries are left: the item goes back to pending, still leased to us."""
-    moved = changed_rows(
-        session,
-        update(Item).where(_held_by_this_attempt(item)).values(status=ItemStatus.PENDING, error=error),
+    if not item_ids:
+        return [] if _job_is_live(session, job_id=job_id, now=now) else Refused.JOB_ENDED
+    live_job = (
+        select(Job.id)
+        .where(
+            Job.id == job_id,
+            Job.status.not_in(list(TERMINAL_JOB_STATUSES)),
+            or_(Job.expires_at.is_(None), Job.expires_at > now),
+        )
+        .with_for_update(read=True)
     )
-    _close_attempt(session, attempt_id=attempt_id, outcome=AttemptOutcome.RETRIED, error=error)
-    return bool(moved)
+    rows = session.execute(
+        update(Item)
+        .where(
+            live_job.exists(),
+            Item.id.in_(list(item_ids)),
+            Item.job_id == job_id,
+            Item.status == ItemStatus.PENDING,
+            Item.attempts < max_attempts,
+            lease_is_free(now, worker=worker),
+        )
+        .values(
+            status=ItemStatus.RUNNING,
+            attempts=Item.attempts + 1,
+            fence=Item.fence + 1,
+            started_at=now,
+            claimed_by=worker,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+        )
+        .returning(
+            Item.id,
+            Item.job_id,
+            Item.seq,
+            Item.prompt,
+            Item.max_new_tokens,
+            Item.attempts,
+            Item.fence,
+            Item.error,
+        )
+    ).all()
+    if not rows and not _job_is_live(session, job_id=job_id, now=now):
+        return Refused.JOB_ENDED
+    order = {item_id: index for index, item_id in enumerate(item_ids)}
+    claimed = [
+        ClaimedItem(
+            id=row.id,
+            job_id=row.job_id,
+            seq=row.seq,
+            prompt=row.prompt,
+            max_new_tokens=row.max_new_tokens,
+            attempts=row.attempts,
+            fence=row.fence,
+            started_at=now,
+            error=row.error,
+        )
+        for row in rows
+    ]
+    return sorted(claimed, key=lambda item: order[item.id])
 
 
-def _upsert(session: Session, values: dict[str, Any]) -> None:
+def _fenced(items: Sequence[ClaimedItem]) -> Any:
+    """SQL condition: each item still running under the claim that gave it this fence."""
+    return (
+        tuple_(Item.id, Item.fence).in_([(item.id, item.fence) for item in items]),
+        Item.status == ItemStatus.RUNNING,
+    )
+
+
+def _record_attempts(
+    session: Session,
+    *,
+    items: Sequence[ClaimedItem],
+    worker: str,
+    outcome: dict[int, str],
+    errors: dict[int, str | None] | None = None,
+    now: datetime,
+) -> None:
+    if not items:
+        return
+    errors = errors or {}
+    session.execute(
+        insert(Attempt),
+        [
+            {
+                "job_id": item.job_id,
+                "item_id": item.id,
+                "worker": worker,
+                "started_at": item.started_at,
+                "finished_at": now,
+                "outcome": outcome[item.id],
+                "error": errors.get(item.id),
+            }
+            for item in items
+        ],
+    )
+
+
+def _upsert_results(session: Session, rows: list[dict[str, Any]]) -> None:
     dialect = session.get_bind().dialect.name
     module = postgresql if dialect == "postgresql" else sqlite
-    statement = module.insert(Result).values(**values)
-    changed = {key: statement.excluded[key] for key in values if key not in ("job_id", "item_id")}
-    session.execute(statement.on_conflict_do_update(index_elements=["job_id", "item_id"], set_=changed))
+    statement = module.insert(Result)
+    changed = {key: statement.excluded[key] for key in rows[0] if key not in ("job_id", "item_id")}
+    session.execute(statement.on_conflict_do_update(index_elements=["job_id", "item_id"], set_=changed), rows)
 
 
-def finish_item(session: Session, *, item: Item, attempt_id: int, result: dict[str, Any]) -> bool:
-    """Record a finished item once: result upserted, counters bumped.
-
-    False (and nothing written but the attempt) if the item is already final or a later attempt
-    took it over after this one's lease ran out.
-    """
-    moved = changed_rows(
-        session,
-        update(Item)
-        .where(_held_by_this_attempt(item))
-        .values(status=ItemStatus.DONE, error=None, finished_at=utcnow(), lease_expires_at=None),
+def finish_items(
+    session: Session, *, finished: Sequence[tuple[ClaimedItem, dict[str, Any]]], worker: str
+) -> set[int]:
+    """Record finished items once: status done, results upserted, attempts written, the job's sums
+    bumped, a few statements for the whole group. Returns the ids accepted; the others were final
+    already or taken over (a newer fence): their attempts are recorded ``superseded``."""
+    if not finished:
+        return set()
+    if session.get_bind().dialect.name == "postgresql":
+        moved: set[int] = set()
+        for job_id in {item.job_id for item, _ in finished}:
+            group = [(item, row) for item, row in finished if item.job_id == job_id]
+            moved |= finish_on_postgres(session, job_id=job_id, finished=group, holder=worker)
+        return moved
+    now = utcnow()
+    items = [item for item, _ in finished]
+    moved = set(
+        session.scalars(
+            update(Item)
+            .where(*_fenced(items))
+            .values(status=ItemStatus.DONE, error=None, finished_at=now, lease_expires_at=None)
+            .returning(Item.id)
+        )
     )
-    outcome = AttemptOutcome.DONE if moved else AttemptOutcome.SUPERSEDED
-    _close_attempt(session, attempt_id=attempt_id, outcome=outcome)
-    if not moved:
-        return False
-    _upsert(session, {"job_id": item.job_id, "item_id": item.id, **result})
-    sums = {
-        "done": Job.done + 1,
-        "new_tokens": Job.new_tokens + result["new_tokens"],
-        "target_rounds": Job.target_rounds + result["target_rounds"],
-        "draft_proposed": Job.draft_proposed + result["draft_proposed"],
-        "draft_accepted": Job.draft_accepted + result["draft_accepted"],
-        "draft_rejections": Job.draft_rejections + result["draft_rejections"],
-        "generate_seconds": Job.generate_seconds + result["latency_s"],
+    outcome = {
+        item.id: AttemptOutcome.DONE if item.id in moved else AttemptOutcome.SUPERSEDED for item in items
     }
-    if result.get("lossless_match") is not None:
-        sums |= {
-            "lossless_checked": Job.lossless_checked + 1,
-            "lossless_matches": Job.lossless_matches + int(bool(result["lossless_match"])),
-        }
-    session.execute(update(Job).where(Job.id == item.job_id).values(**sums))
-    return True
+    _record_attempts(session, items=items, worker=worker, outcome=dict(outcome), now=now)
+    accepted = [(item, result) for item, result in finished if item.id in moved]
+    if not accepted:
+        return moved
+    _upsert_results(session, [{"job_id": item.job_id, "item_id": item.id, **row} for item, row in accepted])
+    for job_id in {item.job_id for item, _ in accepted}:
+        rows = [row for item, row in accepted if item.job_id == job_id]
+        sums: dict[str, Any] = {"done": Job.done + len(rows)}
+        for name in SUMMED:
+            sums[name] = getattr(Job, name) + sum(int(row[name]) for row in rows)
+        sums["generate_seconds"] = Job.generate_seconds + sum(float(row["latency_s"]) for row in rows)
+        checked = [row["lossless_match"] for row in rows if row.get("lossless_match") is not None]
+        if checked:
+            sums["lossless_checked"] = Job.lossless_checked + len(checked)
+            sums["lossless_matches"] = Job.lossless_matches + sum(1 for match in checked if match)
+        session.execute(update(Job).where(Job.id == job_id).values(**sums))
+    return moved
 
 
-def fail_item(session: Session, *, item: Item, attempt_id: int, error: str) -> bool:
-    """Mark an item failed with its error, once (fenced like ``finish_item``)."""
-    moved = changed_rows(
+def fail_items(session: Session, *, failed: Sequence[tuple[ClaimedItem, str]], worker: str) -> set[int]:
+    """Mark items failed with their errors, once (fenced like ``finish_items``); returns the ids moved."""
+    if not failed:
+        return set()
+    now = utcnow()
+    errors = {item.id: error for item, error in failed}
+    items = [item for item, _ in failed]
+    moved = set(
+        session.scalars(
+            update(Item)
+            .where(*_fenced(items))
+            .values(
+                status=ItemStatus.FAILED,
+                error=case(errors, value=Item.id),
+                finished_at=now,
+                lease_expires_at=None,
+            )
+            .returning(Item.id)
+        )
+    )
+    outcome = {
+        item.id: AttemptOutcome.FAILED if item.id in moved else AttemptOutcome.SUPERSEDED for item in items
+    }
+    _record_attempts(session, items=items, worker=worker, outcome=dict(outcome), errors=dict(errors), now=now)
+    for job_id in {item.job_id for item in items if item.id in moved}:
+        count = sum(1 for item in items if item.job_id == job_id and item.id in moved)
+        session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + count))
+    return moved
+
+
+def release_items(
+    session: Session,
+    *,
+    items: Sequence[ClaimedItem],
+    worker: str,
+    error: str | None,
+    outcome: AttemptOutcome,
+    refund: bool = False,
+    expire_lease: bool = False,
+) -> set[int]:
+    """Running items go back to pending (fenced): ``retried`` keeps them leased to us (we run them
+    again); ``released`` (a graceful stop: ``refund`` gives the try back) or ``lost`` (a worker
+    fault: the try counts) with ``expire_lease`` ends the lease at once, for a sweeper to queue them
+    again now."""
+    if not items:
+        return set()
+    now = utcnow()
+    values: dict[str, Any] = {"status": ItemStatus.PENDING}
+    if error is not None:
+        values["error"] = error
+    if refund:
+        values["attempts"] = Item.attempts - 1
+    if expire_lease:
+        values["lease_expires_at"] = now
+    moved = set(session.scalars(update(Item).where(*_fenced(items)).values(**values).returning(Item.id)))
+    outcomes = {item.id: outcome if item.id in moved else AttemptOutcome.SUPERSEDED for item in items}
+    _record_attempts(
         session,
+        items=items,
+        worker=worker,
+        outcome=dict(outcomes),
+        errors={i.id: error for i in items},
+        now=now,
+    )
+    return moved
+
+
+def count_a_try_and_let_go(
+    session: Session, *, item_ids: Sequence[int], worker: str, error: str, max_attempts: int
+) -> int:
+    """A worker's fault while it holds items it has not claimed yet (its models cannot start, say):
+    each costs a try, as a crash would, and its lease ends now so a sweeper queues it again (or,
+    out of tries, it fails with ``error``). Returns how many were let go."""
+    now = utcnow()
+    held = (Item.id.in_(list(item_ids)), Item.claimed_by == worker, Item.status == ItemStatus.PENDING)
+    moved = session.execute(
         update(Item)
-        .where(_held_by_this_attempt(item))
-        .values(status=ItemStatus.FAILED, error=error, finished_at=utcnow(), lease_expires_at=None),
-    )
-    outcome = AttemptOutcome.FAILED if moved else AttemptOutcome.SUPERSEDED
-    _close_attempt(session, attempt_id=attempt_id, outcome=outcome, error=error)
-    if moved:
-        session.execute(update(Job).where(Job.id == item.job_id).values(failed=Job.failed + 1))
-    return bool(moved)
+        .where(*held)
+        .values(attempts=Item.attempts + 1, error=error, lease_expires_at=now)
+        .returning(Item.id, Item.job_id)
+    ).all()
+    if moved:  # each such try is recorded, as a try lost to the worker's fault
+        session.execute(
+            insert(Attempt),
+            [
+                {
+                    "job_id": row.job_id,
+                    "item_id": row.id,
+                    "worker": worker,
+                    "started_at": now,
+                    "finished_at": now,
+                    "outcome": AttemptOutcome.LOST,
+                    "error": error,
+                }
+                for row in moved
+            ],
+        )
+    for job_id in {row.job_id for row in moved}:
+        give_up_exhausted(
+            session,
+            job_id=job_id,
+            item_ids=[r.id for r in moved if r.job_id == job_id],
+            max_attempts=max_attempts,
+        )
+    return len(moved)
 
 
-def _close_attempt(session: Session, *, attempt_id: int, outcome: str, error: str | None = None) -> None:
-    session.execute(
-        update(Attempt)
-        .where(Attempt.id == attempt_id)
-        .values(finished_at=utcnow(), outcome=outcome, error=error)
-    )
+def write_and_claim(
+    session: Session,
+    *,
+    job_id: str,
+    holder: str,
+    lease_s: float,
+    max_attempts: int,
+    finished: list[tuple[ClaimedItem, dict[str, Any]]],
+    failed: list[tuple[ClaimedItem, str]],
+    claim: list[int],
+) -> tuple[set[int], set[int], list[ClaimedItem] | Refused]:
+    """The item loop's one transaction per group: write the rows that finished or failed, then
+    claim the next group. Returns (ids done, ids failed, the claim)."""
+    done = finish_items(session, finished=finished, worker=holder)
+    gone = fail_items(session, failed=failed, worker=holder)
+    claimed: list[ClaimedItem] | Refused = []
+    if claim:
+        claimed = claim_items(
+            session, job_id=job_id, item_ids=claim, worker=holder, lease_s=lease_s, max_attempts=max_attempts
+        )
+    return done, gone, claimed

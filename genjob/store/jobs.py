@@ -1,7 +1,8 @@
 """Whole jobs in the database: create (streamed, COPY on Postgres), read, list, cancel, fail, finalize,
 expire, retry, and the pending items to queue. Keyword-only functions taking a Session.
 
-Item transitions live in ``genjob.store.items``, leases in ``genjob.store.leases``.
+Item transitions live in ``genjob.store.items``, leases in ``genjob.store.leases``, what a job has
+queued in ``genjob.store.queued``.
 Must not know: Celery, torch, transformers, the HTTP API or the CLI.
 """
 
@@ -25,7 +26,7 @@ from genjob.constants import (
 )
 from genjob.db import changed_rows
 from genjob.options import JobSpec
-from genjob.store.leases import as_utc, lease_is_free
+from genjob.store.leases import as_utc
 from genjob.tables import Item, Job, Result, utcnow
 
 if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # formats.export reads the store: the items are only typed he
 
 INSERT_BATCH = 2000
 T = TypeVar("T")
-PAGE_SIZE = 5000
 
 
 class JobNotFound(LookupError):
@@ -94,6 +94,8 @@ def create_job(
         for batch in batched(rows, INSERT_BATCH):
             session.execute(insert(Item), [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in batch])
             job.total += len(batch)
+    job.queued_seq = 0
+    job.queue_progress_at = utcnow()  # its publisher starts now; a sweeper takes over if it stops
     session.flush()
     return job
 
@@ -135,38 +137,14 @@ def list_jobs(
     return session.scalars(query.limit(limit).offset(offset)).all()
 
 
-def pending_item_chunks(
-    session: Session, *, job_id: str, chunk_size: int, unleased_at: datetime | None = None
-) -> Iterator[list[int]]:
-    """Ids of the job's pending items, in input order, in chunks of ``chunk_size``.
-
-    Read a page at a time (flat memory for any job size). With ``unleased_at``, items reserved
-    by a worker whose lease is still live at that time are left out (they are in its chunk).
-    """
-    query = select(Item.id, Item.seq).where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
-    if unleased_at is not None:
-        query = query.where(lease_is_free(unleased_at))
-    last_seq = -1
-    chunk: list[int] = []
-    while True:
-        page = session.execute(query.where(Item.seq > last_seq).order_by(Item.seq).limit(PAGE_SIZE)).all()
-        for item_id, seq in page:
-            chunk.append(item_id)
-            last_seq = seq
-            if len(chunk) == chunk_size:
-                yield chunk
-                chunk = []
-        if len(page) < PAGE_SIZE:
-            break
-    if chunk:
-        yield chunk
-
-
-def live_jobs_with_pending_items(session: Session) -> list[tuple[str, str]]:
-    """(job id, queue) of every job that has not ended and still has pending items."""
-    has_pending = select(Item.id).where(Item.job_id == Job.id, Item.status == ItemStatus.PENDING).exists()
-    query = select(Job.id, Job.queue).where(Job.status.not_in(list(TERMINAL_JOB_STATUSES)), has_pending)
-    return [(job_id, queue) for job_id, queue in session.execute(query.order_by(Job.created_at))]
+def finalize_settled_jobs(session: Session) -> list[str]:
+    """End every live job whose items are all final (its last worker died before it could say so,
+    or the sweeper failed its last items); returns their ids."""
+    open_item = select(Item.id).where(Item.job_id == Job.id, Item.status.in_(list(OPEN_ITEM_STATUSES)))
+    query = select(Job.id).where(
+        Job.status.not_in(list(TERMINAL_JOB_STATUSES)), Job.total > 0, ~open_item.exists()
+    )
+    return [job_id for job_id in session.scalars(query).all() if finalize_job(session, job_id=job_id)]
 
 
 def cancel_job(session: Session, *, job: Job) -> bool:
@@ -270,7 +248,9 @@ def retry_failed_items(session: Session, *, job: Job, expires_at: datetime | Non
     """Put a job's failed items back to pending with fresh tries; the job runs again. Returns how many.
 
     Only failed items move: done items keep their results. A job that ended completed or failed
-    is queued again (its deadline is ``expires_at``, none by default).
+    is queued again (its deadline is ``expires_at``, none by default). ``attempts`` (the budget)
+    starts again from 0; ``fence`` does not, so a stale worker's late result is still refused.
+    Safe to repeat: a second call finds no failed items.
     """
     if job.status not in RETRYABLE_JOB_STATUSES:
         raise ValueError(

@@ -1,10 +1,12 @@
 """Leases: which worker process holds an item, until when, and taking items back from dead ones.
 
-A worker reserves its chunk's pending items (``claimed_by`` + ``lease_expires_at``), claims each
-in turn (``store.claim_item``: status running, ``attempts`` + 1) and renews the leases while it
-works (``renew_leases``, every lease/3). Another worker may take an item only once its lease has
-run out; the sweeper (``reclaim_expired_leases``) queues such items again. Lease times are the
-workers' clocks (UTC), so clocks must agree to well within a lease (NTP does).
+A worker reserves its chunk's pending items (``claimed_by`` + ``lease_expires_at``: a range of a
+job's items, or a list of ids from an old-format message, in one UPDATE), claims them a group at a
+time (``store.claim_items``: status running, ``attempts`` + 1, ``fence`` + 1) and renews the leases
+of the group while it works (``renew_leases``, every lease/3). Another worker may take an item only
+once its lease has run out; the sweeper (``reclaim_expired_leases``) queues such items again, and
+fails those that used every try. Lease times are the workers' clocks (UTC), so clocks must agree to
+well within a lease (NTP does).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy import ColumnElement, String, case, cast, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import OPEN_ITEM_STATUSES, TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus, JobStatus
 from genjob.db import changed_rows
 from genjob.tables import Attempt, Item, Job, utcnow
+
+WORKER_LOST = "its worker was lost"
 
 # What an open item of a job that ended becomes once the worker holding it is gone.
 ITEM_STATUS_FOR_ENDED_JOB: dict[str, ItemStatus] = {
@@ -40,22 +44,61 @@ def lease_is_free(now: datetime, *, worker: str | None = None) -> ColumnElement[
     return or_(*conditions)
 
 
-def reserve_items(
-    session: Session, *, item_ids: Sequence[int], worker: str, lease_s: float, now: datetime | None = None
-) -> set[int]:
-    """Lease a chunk's pending items to ``worker`` unless another live worker holds them.
+def gave_up_error(attempts: Any, last_error: Any) -> Any:
+    """SQL: the error of an item that used every try (``attempts`` and ``last_error`` are columns)."""
+    return (
+        literal("gave up after ")
+        + cast(attempts, String)
+        + literal(" attempts; last: ")
+        + func.coalesce(last_error, literal(WORKER_LOST))
+    )
 
-    Returns the ids it now holds: the others are final, or in another worker's hands (the
-    sweeper queues them again if that worker dies), so a duplicate delivery costs one statement.
+
+def reserve_items(
+    session: Session,
+    *,
+    job_id: str,
+    worker: str,
+    lease_s: float,
+    seq_range: tuple[int, int] | None = None,
+    item_ids: Sequence[int] | None = None,
+    max_attempts: int | None = None,
+    now: datetime | None = None,
+) -> list[int]:
+    """Lease a chunk's pending items to ``worker`` unless another live worker holds them: the items
+    of ``job_id`` with ``seq`` in ``seq_range`` [start, stop), or those in ``item_ids``. Those that
+    already used ``max_attempts`` tries fail instead (``gave up after N attempts; last: …``).
+
+    Returns the ids it now holds, in input order: the others are final, or in another worker's hands
+    (the sweeper queues them again if that worker dies), so a duplicate delivery costs one statement.
     """
     now = now or utcnow()
+    scope: list[ColumnElement[bool]] = [Item.job_id == job_id]
+    if seq_range is not None:
+        scope += [Item.seq >= seq_range[0], Item.seq < seq_range[1]]
+    else:
+        scope.append(Item.id.in_(list(item_ids or [])))
     reserved = session.execute(
         update(Item)
-        .where(Item.id.in_(item_ids), Item.status == ItemStatus.PENDING, lease_is_free(now, worker=worker))
+        .where(*scope, Item.status == ItemStatus.PENDING, lease_is_free(now, worker=worker))
         .values(claimed_by=worker, lease_expires_at=now + timedelta(seconds=lease_s))
-        .returning(Item.id)
-    )
-    return set(reserved.scalars())
+        .returning(Item.id, Item.seq, Item.attempts)
+    ).all()
+    exhausted = [row.id for row in reserved if max_attempts is not None and row.attempts >= max_attempts]
+    if exhausted:  # each try killed its worker, say: they fail now, counted in the job's ``failed``
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(exhausted))
+            .values(
+                status=ItemStatus.FAILED,
+                error=gave_up_error(Item.attempts, Item.error),
+                finished_at=now,
+                lease_expires_at=None,
+            )
+        )
+        session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + len(exhausted)))
+    kept = sorted((row for row in reserved if row.id not in exhausted), key=lambda row: row.seq)
+    return [row.id for row in kept]
 
 
 def renew_leases(
@@ -85,28 +128,57 @@ def release_reservations(session: Session, *, item_ids: Sequence[int], worker: s
     )
 
 
-def close_open_attempts(session: Session, *, item_id: int, now: datetime) -> None:
-    """Attempts left open by a worker that died: they ended, at the latest, now."""
-    session.execute(
-        update(Attempt)
-        .where(Attempt.item_id == item_id, Attempt.finished_at.is_(None))
-        .values(finished_at=now, outcome=AttemptOutcome.LOST, error="its worker was lost (lease ran out)")
+def end_leases(session: Session, *, item_ids: Sequence[int], worker: str, now: datetime | None = None) -> int:
+    """End now the leases ``worker`` holds on these open items (it stops): a sweeper queues them again."""
+    now = now or utcnow()
+    return changed_rows(
+        session,
+        update(Item)
+        .where(
+            Item.id.in_(list(item_ids)), Item.claimed_by == worker, Item.status.in_(list(OPEN_ITEM_STATUSES))
+        )
+        .values(lease_expires_at=now),
     )
 
 
+def record_lost_tries(session: Session, *, item_ids: Sequence[int], now: datetime) -> None:
+    """The tries of running items whose worker died: an attempt row each, from the item's own claim
+    (``started_at``, ``claimed_by``) to ``now``, outcome ``lost``."""
+    if not item_ids:
+        return
+    lost = select(
+        Item.job_id,
+        Item.id,
+        Item.claimed_by,
+        func.coalesce(Item.started_at, now),
+        literal(now, type_=Item.finished_at.type),
+        literal(AttemptOutcome.LOST.value),
+        literal("its worker was lost (lease ran out)"),
+    ).where(Item.id.in_(list(item_ids)), Item.status == ItemStatus.RUNNING)
+    columns = ["job_id", "item_id", "worker", "started_at", "finished_at", "outcome", "error"]
+    session.execute(insert(Attempt).from_select(columns, lost))
+
+
 def reclaim_expired_leases(
-    session: Session, *, now: datetime | None = None, job_id: str | None = None, limit: int = 10_000
+    session: Session,
+    *,
+    now: datetime | None = None,
+    job_id: str | None = None,
+    max_attempts: int | None = None,
+    limit: int = 10_000,
 ) -> dict[str, tuple[str, list[int]]]:
-    """Take back open items whose lease ran out (their worker died): {job id: (queue, item ids)}.
+    """Take back open items whose lease ran out (their worker died): {job id: (queue, their seqs)}.
 
     Items of live jobs go back to pending, unleased, for the caller to queue again before it
-    commits (if the commit is lost, the leases are still expired and a claim takes them anyway).
-    Items of jobs that ended meanwhile get the job's fate (cancelled, expired). Rows another
-    sweeper is handling are skipped (SKIP LOCKED), so two sweepers never queue one item twice.
+    commits (if the commit is lost, the leases are still expired and a claim takes them anyway);
+    those that used ``max_attempts`` tries fail instead (``gave up after N attempts; last: …``), so
+    a worker that dies on them every time cannot loop a job forever. Items of jobs that ended
+    meanwhile get the job's fate (cancelled, expired). Rows another sweeper is handling are skipped
+    (SKIP LOCKED), so two sweepers never queue one item twice. Set-based: a few statements in all.
     """
     now = now or utcnow()
     query = (
-        select(Item.id, Item.job_id, Job.status, Job.queue)
+        select(Item.id, Item.job_id, Item.seq, Item.attempts, Job.status, Job.queue)
         .join(Job, Job.id == Item.job_id)
         .where(Item.status.in_(list(OPEN_ITEM_STATUSES)), Item.lease_expires_at <= now)
         .order_by(Item.job_id, Item.seq)
@@ -115,16 +187,50 @@ def reclaim_expired_leases(
     )
     if job_id is not None:
         query = query.where(Item.job_id == job_id)
+    rows = session.execute(query).all()
+    if not rows:
+        return {}
+    record_lost_tries(session, item_ids=[row.id for row in rows], now=now)
     requeue: dict[str, tuple[str, list[int]]] = {}
-    for item_id, item_job_id, job_status, queue in session.execute(query).all():
-        close_open_attempts(session, item_id=item_id, now=now)
-        values: dict[str, Any] = {"status": ItemStatus.PENDING, "claimed_by": None, "lease_expires_at": None}
+    by_fate: dict[ItemStatus, list[int]] = {}
+    gave_up: dict[str, list[int]] = {}
+    back: list[int] = []
+    for item_id, item_job_id, seq, attempts, job_status, queue in rows:
         if job_status in TERMINAL_JOB_STATUSES:
-            status = ITEM_STATUS_FOR_ENDED_JOB.get(job_status, ItemStatus.FAILED)
-            values.update(status=status, finished_at=now)
+            fate = ITEM_STATUS_FOR_ENDED_JOB.get(job_status, ItemStatus.FAILED)
+            by_fate.setdefault(fate, []).append(item_id)
+        elif max_attempts is not None and attempts >= max_attempts:
+            gave_up.setdefault(item_job_id, []).append(item_id)
         else:
-            requeue.setdefault(item_job_id, (queue, []))[1].append(item_id)
-        session.execute(update(Item).where(Item.id == item_id).values(**values))
+            requeue.setdefault(item_job_id, (queue, []))[1].append(seq)
+            back.append(item_id)
+    for fate, ids in by_fate.items():
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(ids))
+            .values(status=fate, finished_at=now, claimed_by=None, lease_expires_at=None)
+        )
+    for failed_job, ids in gave_up.items():
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(ids))
+            .values(
+                status=ItemStatus.FAILED,
+                error=gave_up_error(
+                    Item.attempts, case((Item.status == ItemStatus.RUNNING, None), else_=Item.error)
+                ),
+                finished_at=now,
+                claimed_by=None,
+                lease_expires_at=None,
+            )
+        )
+        session.execute(update(Job).where(Job.id == failed_job).values(failed=Job.failed + len(ids)))
+    if back:
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(back))
+            .values(status=ItemStatus.PENDING, claimed_by=None, lease_expires_at=None)
+        )
     return requeue
 
 

@@ -7,7 +7,6 @@ import io
 import json
 
 import pytest
-import redis
 from api_helpers import jsonl, run_pending_here
 from conftest import REDIS_URL
 from fastapi.testclient import TestClient
@@ -16,6 +15,7 @@ from sqlalchemy import func, select
 from genjob.api.app import create_app
 from genjob.db import session_scope
 from genjob.options import JobOptions
+from genjob.queueing import queue_depths
 from genjob.settings import Settings
 from genjob.tables import Item, Job
 
@@ -66,7 +66,7 @@ def test_create_from_a_multipart_upload(client: TestClient, api_settings: Settin
             (2, 3, "third", "class A:"),
         ]
     # Two chunks of at most chunk_size=2 items wait in the job's queue.
-    assert redis.Redis.from_url(REDIS_URL).llen(queue_name) == 2
+    assert queue_depths(REDIS_URL, [queue_name])[queue_name] == 2
 
 
 def test_create_from_a_jsonl_body(client: TestClient) -> None:
@@ -349,8 +349,12 @@ def test_requeue_pushes_the_pending_chunks_again(client: TestClient, queue_name:
     job_id = submit(client)["id"]
     response = client.post(f"/v1/jobs/{job_id}/requeue")
     assert response.status_code == 200
+    assert response.json()["chunks"] == 0  # its submit queued everything: nothing is missing
+    assert queue_depths(REDIS_URL, [queue_name])[queue_name] == 2
+    response = client.post(f"/v1/jobs/{job_id}/requeue?all=true")
+    assert response.status_code == 200
     assert response.json()["chunks"] == 2
-    assert redis.Redis.from_url(REDIS_URL).llen(queue_name) == 4
+    assert queue_depths(REDIS_URL, [queue_name])[queue_name] == 4
 
 
 def test_other_methods_answer_in_the_error_shape(client: TestClient) -> None:

@@ -41,7 +41,7 @@ OPENAI_CHAT_LINES = [
         "body": {"messages": [{"role": "user", "content": [{"type": "text", "text": "import"}]}]},
     },
 ]
-NOT_COMPARED = {"id", "job_id", "created_at"}
+NOT_COMPARED = {"id", "job_id", "created_at", "queue_progress_at"}  # timestamps
 
 
 def rows(url: str, job_id: str) -> tuple[dict, list[dict]]:

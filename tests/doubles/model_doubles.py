@@ -9,7 +9,11 @@ and each item decides its own behaviour:
   ``pid-file=PATH``      write this process's pid to PATH before working (to kill it there)
 
 With no directive an item takes no time at all (the no-op engine of the pipeline benchmarks).
-It runs one row a step, through the same item loop as the real engine.
+Each step finishes every row it holds (up to the batch size), through the same item loop as the real
+engine; a row that raises loses the whole batch, as a real batch would.
+
+A job whose model is named ``scripted-broken`` cannot start on this worker (out of memory in its
+warm-up): building its runner raises, a fault of the worker, not of the job.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from genjob.generation.engine_stats import EngineStats
 from genjob.generation.requests import Finished, Request, RowStats
 from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.tables import Item
+from genjob.store.items import ClaimedItem
 
 DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file)=(\S+)|\b(poison)\b")
 
@@ -63,23 +67,38 @@ class ScriptedEngine:
         return keys
 
     def step(self) -> list[Finished]:
-        request = self.queue[0]
+        rows = [self.queue[index] for index in range(min(self.max_rows, len(self.queue)))]
         started = time.perf_counter()
-        prompt = self.prompts[abs(request.key)]
-        for key, value, poison in DIRECTIVE.findall(prompt):
-            if poison or (key == "poison-while" and Path(value).exists()):
-                raise PoisonError(f"poisoned item {self.seqs[abs(request.key)]}")
-            if key == "pid-file":
-                Path(value).write_text(str(os.getpid()))
-            if key == "sleep":
-                time.sleep(float(value))
-        self.queue.popleft()
-        stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, rounds=1)
-        stats.latency_s = time.perf_counter() - started
+        for request in rows:
+            prompt = self.prompts[abs(request.key)]
+            for key, value, poison in DIRECTIVE.findall(prompt):
+                if poison or (key == "poison-while" and Path(value).exists()):
+                    raise PoisonError(f"poisoned item {self.seqs[abs(request.key)]}")
+                if key == "pid-file":
+                    Path(value).write_text(str(os.getpid()))
+                if key == "sleep":
+                    time.sleep(float(value))
+        finished = []
+        seconds = time.perf_counter() - started
+        for request in rows:
+            self.queue.popleft()
+            prompt = self.prompts[abs(request.key)]
+            stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, rounds=1)
+            stats.latency_s = seconds / len(rows)
+            finished.append(
+                Finished(key=request.key, token_ids=[abs(request.key)], stats=stats)
+            )  # "token": the item
         self.stats.round(
-            batch=1, k=0, probe=False, tokens=1, seconds=stats.latency_s, proposed=0, accepted=0, rejections=0
+            batch=len(rows),
+            k=0,
+            probe=False,
+            tokens=len(rows),
+            seconds=seconds,
+            proposed=0,
+            accepted=0,
+            rejections=0,
         )
-        return [Finished(key=request.key, token_ids=[abs(request.key)], stats=stats)]  # "token": the item
+        return finished
 
 
 @dataclass
@@ -90,7 +109,7 @@ class ScriptedRunner:
     engine: ScriptedEngine
     batch_size: int = 1
 
-    def request(self, item: Item, *, key: int | None = None, plain: bool = False) -> Request:
+    def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request:
         self.engine.prompts[item.id] = item.prompt
         self.engine.seqs[item.id] = item.seq
         return Request(key=item.id if key is None else key, input_ids=[0], max_new_tokens=1)
@@ -102,5 +121,12 @@ class ScriptedRunner:
         return f"echo: {self.engine.prompts[tokens[0]]}"
 
 
+class WarmUpOutOfMemory(RuntimeError):
+    pass
+
+
 def scripted_runner(spec: JobSpec, *, settings: Settings) -> ScriptedRunner:
-    return ScriptedRunner(spec=spec, engine=ScriptedEngine(max_rows=settings.batch_size or 1))
+    if spec.model == "scripted-broken":
+        raise WarmUpOutOfMemory("CUDA out of memory in warm-up (tried to allocate 80.00 GiB)")
+    batch = spec.batch_size or settings.batch_size or 1
+    return ScriptedRunner(spec=spec, engine=ScriptedEngine(max_rows=batch), batch_size=batch)

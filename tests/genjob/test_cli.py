@@ -180,7 +180,7 @@ def test_retry_reruns_the_failed_items_only(embedded_env: str, scripted_models, 
         assert (job.status, job.done, job.failed) == ("completed", 2, 0)
 
     again = CliRunner().invoke(main, ["retry", job_id])
-    assert (again.exit_code, again.output) == (1, f"Error: job {job_id} has no failed items\n")
+    assert (again.exit_code, again.output) == (0, f"job {job_id} has no failed items: nothing to retry\n")
 
 
 def test_retry_refuses_a_cancelled_job(embedded_env: str, scripted_models, tmp_path: Path) -> None:

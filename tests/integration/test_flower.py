@@ -75,7 +75,12 @@ def test_flower_watches_the_worker_and_its_tasks(
             )
     assert {task["name"] for task in tasks.values()} == {"genjob.generate_chunk"}
     assert {task["worker"] for task in tasks.values()} == {worker_name}
-    assert all(task["args"].startswith(f"('{job_id}', [") for task in tasks.values())
+    assert sorted(task["args"] for task in tasks.values()) == [
+        f"job={job_id} items 0-1",
+        f"job={job_id} items 2-3",
+        f"job={job_id} items 4-5",
+    ]
+    assert {json.loads(task["result"].replace("'", '"'))["chunk"] for task in tasks.values()} == {"clean"}
     assert sorted(json.loads(task["result"].replace("'", '"'))["done"] for task in tasks.values()) == [
         2,
         2,

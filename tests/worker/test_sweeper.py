@@ -1,9 +1,25 @@
-"""The sweeper's broker marker: one key per database, however its URL is spelled."""
+"""The sweeper: its broker marker (one key per database, however its URL is spelled), and a sweep."""
 
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
+
+import pytest
+import redis
+from conftest import REDIS_URL, create_pg_database, drop_pg_database
+from sqlalchemy import update
+
+from genjob import db, store
 from genjob.constants import BROKER_MARK_KEY
-from genjob.worker.sweeper import broker_mark_key
+from genjob.db import session_scope
+from genjob.formats.reader import PromptItem
+from genjob.options import JobSpec
+from genjob.queueing import queue_depths
+from genjob.settings import Settings
+from genjob.tables import Item, Job, utcnow
+from genjob.worker.celery_app import create_app
+from genjob.worker.sweeper import Sweeper, SweepReport, broker_mark_key
 
 
 def test_marker_key_names_the_database_not_the_url_spelling() -> None:
@@ -25,3 +41,45 @@ def test_marker_key_differs_between_databases() -> None:
         broker_mark_key("sqlite:///genjob.db"),
     }
     assert len(keys) == 4
+
+
+def test_a_sweep_on_a_fresh_database_and_broker_says_nothing_and_finishes_what_it_must(
+    queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first sweep on a fresh database sets the marker without a word (there is nothing to queue
+    again); later sweeps finish the queueing of a job whose submit stopped, and end a job whose items
+    are all final."""
+    url = create_pg_database("genjob_sweep")
+    broker = redis.Redis.from_url(REDIS_URL)
+    try:
+        db.upgrade(url)
+        settings = Settings(database_url=url, broker_url=REDIS_URL, queue=queue_name, chunk_size=4, lease_s=5)
+        sweeper = Sweeper(create_app(settings))
+        with caplog.at_level(logging.INFO, logger="genjob"):
+            assert sweeper.sweep() == SweepReport()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert broker.exists(broker_mark_key(url))
+
+        with session_scope(url) as session:
+            items = [PromptItem(i, i + 1, f"p{i}", None, None) for i in range(10)]
+            stalled = store.create_job(
+                session, spec=JobSpec(model="m", mode="none"), items=items, queue=queue_name
+            )
+            stalled.queue_progress_at = utcnow() - timedelta(minutes=1)  # its submit died a minute ago
+            settled = store.create_job(
+                session, spec=JobSpec(model="m", mode="none"), items=items[:2], queue=queue_name
+            )
+            settled.status, settled.queued_seq = "running", 2
+            session.flush()
+            session.execute(update(Item).where(Item.job_id == settled.id).values(status="done"))
+            settled.done = 2
+        report = sweeper.sweep()
+        assert (report.finished_queueing, report.ended_jobs) == (3, 1)
+        assert queue_depths(REDIS_URL, [queue_name])[queue_name] == 3
+        with session_scope(url) as session:
+            assert session.get(Job, stalled.id).queued_seq == 10
+            assert session.get(Job, settled.id).status == "completed"
+        assert sweeper.sweep() == SweepReport()  # nothing left to do
+    finally:
+        broker.delete(broker_mark_key(url))
+        drop_pg_database(url)

@@ -1,0 +1,74 @@
+"""`genjob` that counts its database round trips (for bench/pipeline.py): ``python bench/counting_worker.py
+[--noop] worker -Q …``.
+
+Every statement, BEGIN, COMMIT, ROLLBACK and pool pre-ping of every engine in this process (and the
+pool processes it forks) is counted; after each task a pool process writes its counts to
+``$GENJOB_BENCH_COUNT_DIR/<pid>.json``. ``--noop`` swaps the models for the no-op stand-in of the tests
+(tests/doubles/model_doubles.py: an item "generates" one token instantly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from celery.signals import task_postrun
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.engine.default import DefaultDialect
+
+COUNTS: Counter[str] = Counter()
+
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _statement(conn, cursor, statement, parameters, context, executemany) -> None:
+    COUNTS["statements"] += 1
+
+
+@event.listens_for(Engine, "begin")
+def _begin(conn) -> None:
+    COUNTS["begin"] += 1
+
+
+@event.listens_for(Engine, "commit")
+def _commit(conn) -> None:
+    COUNTS["commit"] += 1
+
+
+@event.listens_for(Engine, "rollback")
+def _rollback(conn) -> None:
+    COUNTS["rollback"] += 1
+
+
+_ping = DefaultDialect._do_ping_w_event
+
+
+def _counted_ping(self, dbapi_connection):
+    COUNTS["pre_ping"] += 1  # pool_pre_ping: a SELECT 1 before a pooled connection is used
+    return _ping(self, dbapi_connection)
+
+
+DefaultDialect._do_ping_w_event = _counted_ping  # type: ignore[method-assign]
+
+
+@task_postrun.connect(weak=False)
+def _dump(**_kwargs) -> None:
+    directory = os.environ.get("GENJOB_BENCH_COUNT_DIR")
+    if directory:
+        Path(directory, f"{os.getpid()}.json").write_text(json.dumps(COUNTS))
+
+
+if __name__ == "__main__":
+    if "--noop" in sys.argv:
+        sys.argv.remove("--noop")
+        from model_doubles import scripted_runner
+
+        from genjob.worker.runners import RUNNERS
+
+        RUNNERS.build = scripted_runner
+    from genjob.cli import main
+
+    main()
