@@ -30,7 +30,7 @@ from genjob.constants import TERMINAL_JOB_STATUSES
 from genjob.generation.requests import Finished
 from genjob.settings import Settings
 from genjob.tables import Item, Job
-from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner
+from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, cut_at_stop
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,12 @@ def _job_ended(session: Session, *, job_id: str) -> bool:
     return session.scalar(select(Job.status).where(Job.id == job_id)) in TERMINAL_JOB_STATUSES
 
 
-def result_row(runner: JobRunner, done: Finished, worker: str, lossless: bool | None) -> dict[str, Any]:
+def result_row(
+    runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
+) -> dict[str, Any]:
     stats = done.stats
     return {
-        "output": runner.text(done.token_ids),
+        "output": cut_at_stop(runner.text(done.token_ids), stop),
         "finish_reason": stats.finish_reason,
         "mode": runner.spec.mode.value,
         "prompt_tokens": stats.prompt_tokens,
@@ -146,7 +148,7 @@ class ItemLoop:
         item, attempt_id = claimed
         try:
             requests = [self.runner.request(item)]
-            if self.runner.is_lossless_sample(item.seq):
+            if self.runner.is_lossless_sample(item.seq) and not item.temperature:
                 requests.append(self.runner.request(item, key=-item.id, plain=True))
                 self.twins[item.id] = None
             engine.add(requests)
@@ -181,7 +183,7 @@ class ItemLoop:
                 done.token_ids,
                 twin.token_ids if twin else None,
             )
-        row = result_row(self.runner, done, self.context.worker, lossless)
+        row = result_row(self.runner, done, self.context.worker, lossless, item.stop)
         if self.context.tx(store.finish_item, item=item, attempt_id=attempt_id, result=row):
             self.outcome.done += 1
         else:

@@ -13,12 +13,36 @@ from genjob.constants import ItemStatus, OpenAIEndpoint
 from genjob.tables import Item, Job, Result
 
 
-def _usage(result: Result) -> dict[str, int]:
+def _usage(result: Result) -> dict[str, Any]:
+    """OpenAI's usage, with the draft's tokens as predictions: ``accepted_prediction_tokens`` are the
+    drafted tokens the target kept, ``rejected_prediction_tokens`` those it refused."""
     return {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.new_tokens,
         "total_tokens": result.prompt_tokens + result.new_tokens,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": result.draft_accepted,
+            "rejected_prediction_tokens": max(0, result.draft_proposed - result.draft_accepted),
+        },
     }
+
+
+def _speculative(result: Result) -> dict[str, Any]:
+    """genjob's extension object (the SDK ignores it): how the item was decoded."""
+    return {
+        "mode": result.mode,
+        "target_rounds": result.target_rounds,
+        "draft_proposed": result.draft_proposed,
+        "draft_accepted": result.draft_accepted,
+        "draft_rejections": result.draft_rejections,
+        "gamma_mean": result.gamma_mean,
+        "latency_s": result.latency_s,
+    }
+
+
+def model_label(location: str) -> str:
+    """A model as a client may see it: a hub id as is, a local path by its last part only."""
+    return location.rstrip("/").rsplit("/", 1)[-1] if location.startswith(("/", ".", "~")) else location
 
 
 def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
@@ -39,9 +63,10 @@ def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
         "id": f"{prefix}-{job.id}-{item.seq}",
         "object": kind,
         "created": created,
-        "model": job.model,
+        "model": job.model_name or model_label(job.model),
         "choices": [choice],
         "usage": _usage(result),
+        "genjob": _speculative(result),
     }
 
 
