@@ -171,4 +171,5 @@ def cancel_batch(
         raise _not_found(exc) from exc
     if not service.cancel_batch(session, batch=batch):
         raise ApiError(409, "batch_ended", f"batch {batch_id} already ended")
+    session.commit()  # before the answer: the client's next read must see it
     return service.batch_object(session, batch)

@@ -188,4 +188,5 @@ def delete_file(file_id: str, session: SessionDep, caller: CallerDep) -> FileDel
     except file_store.FileNotFound as exc:
         raise _not_found(exc) from exc
     file_store.delete_file(session, file=file)
+    session.commit()  # before the answer: the client's next request must not find it
     return FileDeleted(id=file_id)

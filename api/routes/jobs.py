@@ -175,6 +175,7 @@ def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
     """No new items start; the item in flight finishes and is kept. 409 if the job already ended."""
     if not store.cancel_job(session, job=job):
         raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
+    session.commit()  # before the answer: the client's next read must see it
     return JobOut.of(job)
 
 

@@ -7,6 +7,7 @@ Must not know: Celery, torch, transformers, the HTTP API or the CLI.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -135,6 +136,9 @@ ITEM_COLUMNS = (
 )
 
 
+STOP_COLUMN = ITEM_COLUMNS.index("stop")
+
+
 def _json_list(values: tuple[str, ...] | None) -> list[str] | None:
     return list(values) if values else None
 
@@ -146,6 +150,8 @@ def _copy_items(session: Session, rows: Iterable[tuple[Any, ...]]) -> int:
     try:
         with cursor.copy(f"COPY items ({', '.join(ITEM_COLUMNS)}) FROM STDIN") as copy:
             for row in rows:
+                if row[STOP_COLUMN] is not None:  # jsonb in COPY's text: the JSON, not an array
+                    row = (*row[:STOP_COLUMN], json.dumps(row[STOP_COLUMN]), *row[STOP_COLUMN + 1 :])
                 copy.write_row(row)
                 count += 1
     finally:
