@@ -94,8 +94,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.upload_slots = UploadSlots(settings.api_max_uploads)
     install_error_handlers(app)
-    install_metrics(app, settings)
+    # Inside the metrics middleware (added before it, so nearer the routes): a timeout raised by a read
+    # of the body reaches the route as itself, not wrapped in that middleware's task group.
     app.add_middleware(BodyTimeoutMiddleware, seconds=settings.api_body_timeout_s)
+    install_metrics(app, settings)
     for module in (health, jobs, results, files, batches, usage, metrics):
         app.include_router(module.router)
     _install_docs(app)
