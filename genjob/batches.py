@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from tempfile import SpooledTemporaryFile
@@ -29,7 +30,7 @@ from genjob.constants import TERMINAL_JOB_STATUSES, InputFormat, ItemStatus, Job
 from genjob.db import session_scope
 from genjob.durations import parse_duration
 from genjob.formats.lines import InputFileError, LineError
-from genjob.formats.openai_output import response_record
+from genjob.formats.openai_output import batch_output_lines
 from genjob.formats.reader import first_line_model
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.settings import Settings
@@ -45,7 +46,6 @@ OPENAI_TEMPERATURE = 1.0  # an OpenAI request without temperature samples at 1.0
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=1), timedelta(days=7)
 RETRY_WINDOW = timedelta(minutes=10)  # a retried create without a key returns a same batch this recent
 SPOOL_MEMORY_BYTES = 1 << 20
-ERROR_CODES = {ItemStatus.CANCELLED: "batch_cancelled", ItemStatus.EXPIRED: "batch_expired"}
 
 
 class BatchNotFound(LookupError):
@@ -216,31 +216,22 @@ def _line_error(error: LineError) -> dict[str, Any]:
     return _error("invalid_request", error.message, error.line, error.field)
 
 
-class _input_copy:
+@contextmanager
+def _input_copy(settings: Settings, owner: str, file_id: str) -> Iterator[BinaryIO]:
     """The input file's content in a seekable spool (memory, then disk): the owner's, purpose batch."""
-
-    def __init__(self, settings: Settings, owner: str, file_id: str) -> None:
-        self.settings, self.owner, self.file_id = settings, owner, file_id
-        self.spool = cast(BinaryIO, SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES))  # noqa: SIM115
-
-    def __enter__(self) -> BinaryIO:
-        try:
-            with session_scope(self.settings.database_url) as session:
-                file = file_store.get_file(session, file_id=self.file_id, owner=self.owner)
-                if file.purpose != INPUT_PURPOSE:
-                    raise BatchRequestError(
-                        f"file {self.file_id} has purpose {file.purpose!r}, not 'batch'", "input_file_id"
-                    )
-                for block in file_store.iter_content(session, file_id=file.id):
-                    self.spool.write(block)
-            self.spool.seek(0)
-        except BaseException:
-            self.spool.close()
-            raise
-        return self.spool
-
-    def __exit__(self, *_exc: object) -> None:
-        self.spool.close()
+    spool = cast(BinaryIO, SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES))  # noqa: SIM115 (closed below)
+    try:
+        with session_scope(settings.database_url) as session:
+            file = file_store.get_file(session, file_id=file_id, owner=owner)
+            if file.purpose != INPUT_PURPOSE:
+                message = f"file {file_id} has purpose {file.purpose!r}, not 'batch'"
+                raise BatchRequestError(message, "input_file_id")
+            for block in file_store.iter_content(session, file_id=file.id):
+                spool.write(block)
+        spool.seek(0)
+        yield spool
+    finally:
+        spool.close()
 
 
 def _remembered(settings: Settings, key: keys.Idempotency) -> str | None:
@@ -376,17 +367,6 @@ def error_name(batch: Batch) -> str:
     return f"{batch.id}_error.jsonl"
 
 
-def _lines(session: Session, job: Job, *, done: bool) -> Iterator[bytes]:
-    status = ItemStatus.DONE if done else None
-    for item, result in store.iter_results(session, job_id=job.id, status=status):
-        if not done and item.status == ItemStatus.DONE:
-            continue
-        record = response_record(job, item, result)
-        if record["error"] is not None:
-            record["error"]["code"] = ERROR_CODES.get(ItemStatus(item.status), record["error"]["code"])
-        yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
-
-
 def write_outputs(settings: Settings, *, batch_id: str) -> None:
     """Write a batch's output and error files once its job has ended and nothing runs (idempotent; a
     concurrent writer's files win)."""
@@ -410,7 +390,7 @@ def write_outputs(settings: Settings, *, batch_id: str) -> None:
                         owner=batch.owner,
                         purpose=OUTPUT_PURPOSE,
                         filename=name,
-                        chunks=_lines(session, job, done=done),
+                        chunks=batch_output_lines(session, job, done=done),
                         job_id=job.id,
                     )
     except IntegrityError:

@@ -2,14 +2,20 @@
 
 ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body": {...}}, "error": null}``
 with a ``text_completion`` or ``chat.completion`` body, or ``response: null`` and an ``error`` for an
-item that failed, was cancelled or has not run yet. Must not know: Celery, torch, HTTP.
+item that failed, was cancelled or has not run yet; a batch's output and error files are these lines
+(``batch_output_lines``). Must not know: Celery, torch, HTTP.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from genjob.constants import ItemStatus, OpenAIEndpoint
+from genjob.store import iter_results
 from genjob.tables import Item, Job, Result
 
 
@@ -84,3 +90,18 @@ def response_record(job: Job, item: Item, result: Result | None) -> dict[str, An
     record["response"] = None
     record["error"] = {"code": f"item_{item.status}", "message": item.error or f"item is {item.status}"}
     return record
+
+
+# The codes OpenAI's batch error files use for requests a batch did not run.
+BATCH_ERROR_CODES = {ItemStatus.CANCELLED: "batch_cancelled", ItemStatus.EXPIRED: "batch_expired"}
+
+
+def batch_output_lines(session: Session, job: Job, *, done: bool) -> Iterator[bytes]:
+    """A batch's output file (``done``: the items done) or error file (every other item), as JSONL bytes."""
+    for item, result in iter_results(session, job_id=job.id, status=ItemStatus.DONE if done else None):
+        if not done and item.status == ItemStatus.DONE:
+            continue
+        record = response_record(job, item, result)
+        if record["error"] is not None:
+            record["error"]["code"] = BATCH_ERROR_CODES.get(ItemStatus(item.status), record["error"]["code"])
+        yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
