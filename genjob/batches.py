@@ -115,25 +115,17 @@ def create_batch(
     key = None
     if idempotency_key is not None:
         key = keys.Idempotency(owner, SCOPE, idempotency_key, keys.fingerprint(request.canonical()))
-        earlier = _remembered(settings, key)
-        if earlier is not None:
-            return earlier, True
-    elif retried:
-        earlier = _recent_same(settings, owner, request)
-        if earlier is not None:
-            return earlier, True
+    recent = _recent_same(settings, owner, request) if retried else None
+    earlier = _remembered(settings, key) if key is not None else recent
+    if earlier is not None:
+        return earlier, True
     span = window(request.completion_window)
     batch_id, now = new_batch_id(), utcnow()
-    rows = {
-        "id": batch_id,
-        "owner": owner,
-        "input_file_id": request.input_file_id,
-        "endpoint": request.endpoint.value,
-        "completion_window": request.completion_window,
-        "batch_metadata": request.metadata,
-        "created_at": now,
-        "expires_at": now + span,
-    }
+    rows = dict(
+        id=batch_id, owner=owner, input_file_id=request.input_file_id, batch_metadata=request.metadata
+    )
+    rows |= dict(completion_window=request.completion_window, endpoint=request.endpoint.value)
+    rows |= dict(created_at=now, expires_at=now + span)
 
     def add_batch(session: Session, job_id: str | None, errors: list[dict[str, Any]] | None = None) -> None:
         if key is not None:
