@@ -3,11 +3,12 @@ all (the CLI's jobs too), no server path in any answer, the docs take the key, u
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_helpers import API_KEY, jsonl, run_pending_here, with_settings
+from api_helpers import jsonl, run_pending_here, with_settings
 from fastapi.testclient import TestClient
 
 from genjob import store
@@ -19,24 +20,28 @@ from genjob.settings import Settings
 from genjob.submit import store_job
 from genjob.tables import Job
 
-OTHER_KEY = "other-key-9876543210"
-ADMIN_KEY = "admin-key-5555555555"
 PROMPTS = [{"prompt": "def f(x):", "id": "a"}, {"prompt": "import os"}]
 BATCH_LINES = [{"custom_id": "r1", "body": {"model": "tiny", "prompt": "def g():", "max_tokens": 2}}]
 
 
 @pytest.fixture
-def tenant_settings(api_settings: Settings) -> Settings:
-    return with_settings(api_settings, **{"api_keys": (API_KEY, OTHER_KEY), "admin_api_keys": (ADMIN_KEY,)})
+def keys() -> dict[str, str]:
+    """Keys of this test's own (the session's database holds every earlier test's jobs)."""
+    tag = uuid.uuid4().hex[:12]
+    return {"a": f"a-key-{tag}", "b": f"b-key-{tag}", "admin": f"admin-key-{tag}"}
 
 
 @pytest.fixture
-def clients(tenant_settings: Settings) -> Iterator[dict[str, TestClient]]:
+def tenant_settings(api_settings: Settings, keys: dict[str, str]) -> Settings:
+    return with_settings(api_settings, api_keys=(keys["a"], keys["b"]), admin_api_keys=(keys["admin"],))
+
+
+@pytest.fixture
+def clients(tenant_settings: Settings, keys: dict[str, str]) -> Iterator[dict[str, TestClient]]:
     app = create_app(tenant_settings)
     with TestClient(app) as anonymous:
         yield {
-            name: TestClient(app, headers={"Authorization": f"Bearer {key}"})
-            for name, key in (("a", API_KEY), ("b", OTHER_KEY), ("admin", ADMIN_KEY))
+            name: TestClient(app, headers={"Authorization": f"Bearer {key}"}) for name, key in keys.items()
         } | {"anonymous": anonymous}
 
 
@@ -50,12 +55,14 @@ def submit(client: TestClient, **params) -> dict:
     return response.json()
 
 
-def test_another_key_gets_404_for_jobs_results_and_prefixes(clients: dict[str, TestClient]) -> None:
+def test_another_key_gets_404_for_jobs_results_and_prefixes(
+    clients: dict[str, TestClient], keys: dict[str, str]
+) -> None:
     a, b, admin = clients["a"], clients["b"], clients["admin"]
     job = submit(a)
-    assert job["owner"] == owner_of_key(API_KEY)
+    assert job["owner"] == owner_of_key(keys["a"])
     one_character = b.get(f"/v1/jobs/{job['id'][:1]}")  # 404, or one of B's own jobs: never A's
-    assert one_character.status_code == 404 or one_character.json()["owner"] == owner_of_key(OTHER_KEY)
+    assert one_character.status_code == 404 or one_character.json()["owner"] == owner_of_key(keys["b"])
     for path in (f"/v1/jobs/{job['id']}", f"/v1/jobs/{job['id']}/results", f"/v1/jobs/{job['id'][:8]}"):
         assert b.get(path).status_code == 404, path
         assert a.get(path).status_code == 200, path
@@ -120,7 +127,7 @@ def test_files_and_batches_are_the_owners(clients: dict[str, TestClient]) -> Non
     assert b.post(f"/v1/batches/{batch['id']}/cancel").status_code == 404
     assert b.get("/v1/files").json()["data"] == []
     assert b.get("/v1/batches").json()["data"] == []
-    assert [f["id"] for f in a.get("/v1/files").json()["data"]] == [file_id]
+    assert [f["id"] for f in a.get("/v1/files").json()["data"]] == [file_id]  # only A's, newest first
     job_id = batch["genjob"]["job_id"]
     assert b.get(f"/v1/jobs/{job_id}").status_code == 404
     assert a.get(f"/v1/jobs/{job_id}").json()["name"] == batch["id"]  # a batch is a job
@@ -141,7 +148,9 @@ def test_docs_and_the_spec_take_the_key(clients: dict[str, TestClient]) -> None:
     assert "swagger" in clients["a"].get("/docs").text.lower()
 
 
-def test_usage_per_key_and_the_quota(clients: dict[str, TestClient], tenant_settings: Settings) -> None:
+def test_usage_per_key_and_the_quota(
+    clients: dict[str, TestClient], tenant_settings: Settings, keys: dict[str, str]
+) -> None:
     a, b, admin = clients["a"], clients["b"], clients["admin"]
 
     def usage(client: TestClient) -> tuple[str, int, int, int, int]:
@@ -152,19 +161,19 @@ def test_usage_per_key_and_the_quota(clients: dict[str, TestClient], tenant_sett
     job = submit(a)
     run_pending_here(tenant_settings, job["id"])
     after = usage(a)
-    assert after[0] == owner_of_key(API_KEY)
+    assert after[0] == owner_of_key(keys["a"])
     assert (after[1] - before[1], after[2] - before[2], after[4] - before[4]) == (1, 2, 6)
     assert after[3] > before[3]
     assert usage(b) == others
     owners = {u["owner"] for u in admin.get("/v1/usage").json()["data"]}
-    assert owner_of_key(API_KEY) in owners
+    assert owner_of_key(keys["a"]) in owners
 
     limited = create_app(with_settings(tenant_settings, **{"api_quota_tokens": 5}))
-    with TestClient(limited, headers={"Authorization": f"Bearer {API_KEY}"}) as over:
+    with TestClient(limited, headers={"Authorization": f"Bearer {keys['a']}"}) as over:
         refused = over.post("/v1/jobs", params={"model": "tiny"}, files={"file": ("p.jsonl", jsonl(PROMPTS))})
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "quota_exceeded"
-    with TestClient(limited, headers={"Authorization": f"Bearer {OTHER_KEY}"}) as fresh:
+    with TestClient(limited, headers={"Authorization": f"Bearer {keys['b']}"}) as fresh:
         assert (
             fresh.post(
                 "/v1/jobs", params={"model": "tiny"}, files={"file": ("p.jsonl", jsonl(PROMPTS))}
@@ -172,4 +181,4 @@ def test_usage_per_key_and_the_quota(clients: dict[str, TestClient], tenant_sett
             == 201
         )
     with session_scope(tenant_settings.database_url) as session:
-        assert store.get_job(session, job_id=job["id"], owner=owner_of_key(API_KEY)).done == 2
+        assert store.get_job(session, job_id=job["id"], owner=owner_of_key(keys["a"])).done == 2
