@@ -121,7 +121,7 @@ def create_batch(
         return earlier, True
     span = window(request.completion_window)
     batch_id, now = new_batch_id(), utcnow()
-    rows = dict(
+    rows: dict[str, Any] = dict(
         id=batch_id, owner=owner, input_file_id=request.input_file_id, batch_metadata=request.metadata
     )
     rows |= dict(completion_window=request.completion_window, endpoint=request.endpoint.value)
