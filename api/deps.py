@@ -1,10 +1,19 @@
-"""Typed dependencies: the app's Settings, a database session per request, the API key, the job."""
+"""Typed dependencies: the app's Settings, a database session per request, the caller, the job.
+
+The caller is who the API key says: its ``owner`` id (``key-`` and 12 hex digits of the key's
+sha256, never the key) owns what it makes, and sees only that; an admin key (GENJOB_ADMIN_API_KEYS)
+sees every owner's, the CLI's (owner ``local``) too. Without keys (local-only mode) the caller is
+``local`` and sees everything. Another owner's job, file or batch is answered 404, as if absent.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -15,7 +24,7 @@ from genjob import store
 from genjob.api.errors import ApiError
 from genjob.db import session_scope
 from genjob.settings import Settings
-from genjob.tables import Job
+from genjob.tables import LOCAL_OWNER, Job
 
 bearer = HTTPBearer(auto_error=False, description="An API key from GENJOB_API_KEYS.")
 
@@ -46,11 +55,31 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Caller:
+    owner: str  # owns what it makes
+    admin: bool = False  # sees every owner's
+
+    @property
+    def scope(self) -> str | None:
+        """The owner whose things it may see; None: everyone's."""
+        return None if self.admin else self.owner
+
+
+def owner_of_key(key: str) -> str:
+    """The owner id of an API key: stable, and no secret (a prefix of its sha256)."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _matches(given: bytes, keys: tuple) -> bool:
+    return any(hmac.compare_digest(given, key.get_secret_value().encode()) for key in keys)
+
+
 def require_api_key(
     request: Request,
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> None:
+) -> Caller:
     """``Authorization: Bearer <key>`` with a configured key; without keys, loopback clients only."""
     if settings.local_only:
         client = request.client.host if request.client else None
@@ -60,7 +89,7 @@ def require_api_key(
                 "forbidden",
                 "local-only mode (no GENJOB_API_KEYS configured): only loopback clients are served",
             )
-        return
+        return Caller(LOCAL_OWNER, admin=True)
     if credentials is None:
         raise ApiError(
             401,
@@ -69,23 +98,33 @@ def require_api_key(
             headers={"WWW-Authenticate": "Bearer"},
         )
     given = credentials.credentials.encode()
-    if not any(hmac.compare_digest(given, key.get_secret_value().encode()) for key in settings.api_keys):
-        raise ApiError(401, "unauthorized", "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    owner = owner_of_key(credentials.credentials)
+    if _matches(given, settings.admin_api_keys):
+        return Caller(owner, admin=True)
+    if _matches(given, settings.api_keys):
+        return Caller(owner)
+    raise ApiError(401, "unauthorized", "invalid API key", headers={"WWW-Authenticate": "Bearer"})
 
+
+CallerDep = Annotated[Caller, Depends(require_api_key)]
+
+JOB_ID = re.compile(r"[0-9a-f]{1,32}")
 
 JobIdPath = Annotated[
     str,
     Path(
-        pattern=r"^[0-9a-f]{1,32}$",
-        description="The job id (or a unique prefix of it), as POST /v1/jobs returned it.",
+        description="The job id (or a unique prefix of it among your jobs), as POST /v1/jobs returned it.",
         examples=["3f2a9c81d0b4"],
     ),
 ]
 
 
-def get_job(job_id: JobIdPath, session: SessionDep) -> Job:
+def get_job(job_id: JobIdPath, session: SessionDep, caller: CallerDep) -> Job:
+    """The caller's job with this id or unique prefix; 404 for anything else, another owner's too."""
     try:
-        return store.get_job(session, job_id=job_id)
+        if not JOB_ID.fullmatch(job_id):
+            raise store.JobNotFound(job_id)
+        return store.get_job(session, job_id=job_id, owner=caller.scope)
     except store.JobNotFound as exc:
         raise ApiError(404, "not_found", str(exc)) from exc
 

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from genjob.constants import JobStatus
+from genjob.formats.openai_output import model_label
 from genjob.stats import job_stats
 from genjob.tables import Job
 
@@ -45,6 +46,7 @@ class JobStatsOut(BaseModel):
 
 class JobOut(BaseModel):
     id: str
+    owner: str = Field(description="The API key's owner id that submitted it (local: the CLI).")
     name: str | None
     status: JobStatus
     model: str
@@ -64,28 +66,42 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
+        """The job as clients see it: models by the names they were given (never a server path)."""
         stats = {name: getattr(job, name) for name in JobStatsOut.model_fields if hasattr(job, name)}
         derived = asdict(job_stats(job))
         stats.update({name: value for name, value in derived.items() if name in JobStatsOut.model_fields})
+        model = job.model_name or model_label(job.model)
+        assistant = job.assistant_name or (model_label(job.assistant) if job.assistant else None)
+        spec = {**job.spec, "model": model, "assistant": assistant}
         return cls(
             id=job.id,
+            owner=job.owner,
             name=job.name,
             status=JobStatus(job.status),
-            model=job.model,
-            assistant=job.assistant,
+            model=model,
+            assistant=assistant,
             mode=job.mode,
             queue=job.queue,
-            spec=job.spec,
+            spec=spec,
             total=job.total,
             done=job.done,
             failed=job.failed,
-            error=job.error,
+            error=_without_paths(job.error, job, model, assistant),
             created_at=job.created_at,
             started_at=job.started_at,
             finished_at=job.finished_at,
             expires_at=job.expires_at,
             stats=JobStatsOut(**stats),
         )
+
+
+def _without_paths(text: str | None, job: Job, model: str, assistant: str | None) -> str | None:
+    """An error text with the job's model paths replaced by their names."""
+    if text is None:
+        return None
+    if job.assistant and assistant:
+        text = text.replace(job.assistant, assistant)
+    return text.replace(job.model, model)
 
 
 class JobList(BaseModel):

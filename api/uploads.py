@@ -3,14 +3,17 @@
 The size limit (``GENJOB_MAX_UPLOAD_BYTES``) is enforced while the body streams in: a declared
 ``Content-Length`` over it is refused before reading, and a body that grows past it (chunked, or a
 lying header) is cut off at the limit with ``413``. Small uploads stay in memory, larger ones roll
-over to a temporary file on disk; either way it is gone when the request ends.
+over to a temporary file on disk; either way it is gone when the request ends. At most
+``GENJOB_API_MAX_UPLOADS`` uploads spool at once (more answer 503 with ``Retry-After``), so the disk
+they take is bounded by that many times the size limit (plus the multipart overhead); a body that
+sends nothing for ``GENJOB_API_BODY_TIMEOUT_S`` answers 408 (``api.limits``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from tempfile import SpooledTemporaryFile
 from typing import BinaryIO, cast
 
@@ -53,6 +56,30 @@ UPLOAD_REQUEST_BODY = {
 class Upload:
     file: UploadFile  # positioned at its start
     source: str  # how errors name it: the file name, or "upload"
+    fields: dict[str, str] = field(default_factory=dict)  # the other form fields asked for
+
+
+class UploadSlots:
+    """How many uploads may spool at once (one event loop: a plain counter)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        if self.active >= self.limit:
+            raise ApiError(
+                503,
+                "too_many_uploads",
+                f"{self.limit} uploads are being received already (GENJOB_API_MAX_UPLOADS): retry shortly",
+                headers={"Retry-After": "5"},
+            )
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
 
 
 def _too_large(limit: int) -> ApiError:
@@ -87,7 +114,7 @@ async def _spool_body(request: Request, limit: int) -> Upload:
     return Upload(file=upload, source="upload")
 
 
-async def _spool_multipart(request: Request, limit: int) -> Upload:
+async def _spool_multipart(request: Request, limit: int, fields: frozenset[str]) -> Upload:
     stream = _limited(request.stream(), limit + MULTIPART_OVERHEAD_BYTES, limit)
     parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=8, max_part_size=64 << 10)
     parser.spool_max_size = SPOOL_MEMORY_BYTES
@@ -96,13 +123,13 @@ async def _spool_multipart(request: Request, limit: int) -> Upload:
     except MultiPartException as exc:
         raise ApiError(400, "bad_request", f"invalid multipart body: {exc.message}") from exc
     try:
-        unexpected = [key for key in form if key != UPLOAD_FIELD]
+        unexpected = [key for key in form if key != UPLOAD_FIELD and key not in fields]
         if unexpected:
+            wanted = ", ".join(f"'{name}'" for name in sorted(fields)) or "job options are query parameters"
             raise ApiError(
                 422,
                 "invalid_request",
-                f"unexpected form field {unexpected[0]!r}: send only the file part '{UPLOAD_FIELD}'; "
-                "job options are query parameters",
+                f"unexpected form field {unexpected[0]!r}: send the file part '{UPLOAD_FIELD}' ({wanted})",
             )
         upload = form.get(UPLOAD_FIELD)
         if not isinstance(upload, UploadFile):
@@ -117,14 +144,24 @@ async def _spool_multipart(request: Request, limit: int) -> Upload:
     except BaseException:
         await form.close()
         raise
-    return Upload(file=upload, source=(upload.filename or "upload")[:200])
+    values = {name: value for name, value in form.items() if name in fields and isinstance(value, str)}
+    return Upload(file=upload, source=(upload.filename or "upload")[:200], fields=values)
 
 
 @asynccontextmanager
-async def spooled_upload(request: Request, *, limit: int) -> AsyncIterator[Upload]:
-    """The request's upload, spooled within ``limit`` bytes; closed (and deleted) on exit."""
+async def spooled_upload(
+    request: Request, *, limit: int, fields: frozenset[str] = frozenset(), multipart_only: bool = False
+) -> AsyncIterator[Upload]:
+    """The request's upload, spooled within ``limit`` bytes; closed (and deleted) on exit. ``fields``:
+    the multipart form fields allowed beside the file."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     multipart = media_type == MULTIPART_MEDIA_TYPE
+    if multipart_only and not multipart:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the file as {MULTIPART_MEDIA_TYPE} (a part named '{UPLOAD_FIELD}')",
+        )
     if not multipart and media_type not in JSONL_MEDIA_TYPES:
         raise ApiError(
             415,
@@ -135,8 +172,12 @@ async def spooled_upload(request: Request, *, limit: int) -> AsyncIterator[Uploa
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + (MULTIPART_OVERHEAD_BYTES if multipart else 0):
         raise _too_large(limit)
-    upload = await (_spool_multipart(request, limit) if multipart else _spool_body(request, limit))
-    try:
-        yield upload
-    finally:
-        await upload.file.close()
+    slots: UploadSlots = request.app.state.upload_slots
+    async with slots.hold():
+        upload = await (
+            _spool_multipart(request, limit, fields) if multipart else _spool_body(request, limit)
+        )
+        try:
+            yield upload
+        finally:
+            await upload.file.close()

@@ -27,8 +27,9 @@ class PromptTokenizer:
     exactly one, the same ids as ``apply_chat_template(tokenize=True)``.
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *, label: str | None = None) -> None:
         self.model = model
+        self.label = label or model  # how messages name the model (the API: its allow-list name)
         self._chat: Any = None
         self._chat_error: str | None = None
         self._counter: Any = None
@@ -48,13 +49,14 @@ class PromptTokenizer:
                 try:
                     self._chat = AutoTokenizer.from_pretrained(self.model, trust_remote_code=False)
                 except (OSError, ValueError) as exc:
+                    reason = str(exc).replace(self.model, self.label)
                     self._chat_error = (
-                        f"messages need the target's tokenizer: cannot load {self.model!r}: {exc}"
+                        f"messages need the target's tokenizer: cannot load {self.label!r}: {reason}"
                     )
                 else:
                     if not self._chat.chat_template:
                         self._chat_error = (
-                            f"the tokenizer of {self.model!r} has no chat template: "
+                            f"the tokenizer of {self.label!r} has no chat template: "
                             "send 'prompt' lines (/v1/completions) instead"
                         )
         if self._chat_error is not None:
@@ -106,5 +108,5 @@ class PromptTokenizer:
             return None
         return (
             f"{tokens} tokens + max_new_tokens {max_new_tokens} exceeds the context of "
-            f"{self._context} tokens of model {self.model}"
+            f"{self._context} tokens of model {self.label}"
         )

@@ -107,6 +107,39 @@ class Settings(BaseSettings):
         description="Accepted API keys (comma-separated or a JSON list). None: local-only mode, "
         "served on 127.0.0.1 without authentication.",
     )
+    admin_api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description="API keys that see and manage every owner's jobs, files and batches (and the "
+        "CLI's, owned by 'local'); comma-separated or a JSON list.",
+    )
+    api_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="`genjob api` closes a connection whose request headers are not all in after this.",
+    )
+    api_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A request body that sends nothing for this long is answered 408 and closed.",
+    )
+    api_max_connections: int = Field(
+        default=256,
+        ge=1,
+        description="Connections `genjob api` serves at once; more wait to be accepted.",
+    )
+    api_max_uploads: int = Field(
+        default=4,
+        ge=1,
+        description="Uploads spooled at once (each up to GENJOB_MAX_UPLOAD_BYTES on disk); more get 503.",
+    )
+    api_quota_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Per API key: prompt + completion tokens its jobs may use over 30 days; beyond it "
+        "new jobs and batches get 429 (unset: no quota).",
+    )
     api_host: str = Field(default=LOCAL_API_HOST, description="Address `genjob api` listens on.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port `genjob api` listens on.")
     models_dir: str | None = Field(
@@ -132,7 +165,7 @@ class Settings(BaseSettings):
         '(or {"name": "path"}). API jobs must name one; the CLI also accepts paths.',
     )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -161,7 +194,7 @@ class Settings(BaseSettings):
     @property
     def local_only(self) -> bool:
         """No API key configured: the API serves loopback clients only, without authentication."""
-        return not self.api_keys
+        return not self.api_keys and not self.admin_api_keys
 
     def model_entry(self, name: str) -> ModelEntry | None:
         return next((entry for entry in self.models if entry.name == name), None)

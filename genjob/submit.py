@@ -11,6 +11,7 @@ Must not know: torch, transformers, Celery's workers, HTTP.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,22 +19,51 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.constants import InputFormat
+from genjob.constants import InputFormat, OpenAIEndpoint
 from genjob.db import ensure_schema, session_scope
 from genjob.formats.lines import InputFileError, InputLimits
 from genjob.formats.reader import InputSummary, check_prompts, valid_prompts
 from genjob.formats.sources import open_prompt_source
 from genjob.formats.tokenizing import SubmitTokenizer
-from genjob.options import JobSpec
+from genjob.options import JobOptions, JobSpec
 from genjob.settings import Settings
+from genjob.store import idempotency as keys
+from genjob.tables import LOCAL_OWNER, Job
 
 
 @dataclass(frozen=True)
 class Submitted:
     job_id: str
     items: int
+    reused: bool = False  # an earlier submit with the same idempotency key made it
+
+
+@dataclass(frozen=True)
+class Submitter:
+    """Who submits (``owner``: the API key's owner id, ``local`` for the CLI) and what they called the
+    models (shown instead of the paths the workers load)."""
+
+    owner: str = LOCAL_OWNER
+    model_name: str | None = None
+    assistant_name: str | None = None
+
+    @classmethod
+    def of(
+        cls, settings: Settings, options: JobOptions, spec: JobSpec, *, owner: str = LOCAL_OWNER
+    ) -> Submitter:
+        """The names to show for the job's models: allow-list names only (a path is never kept)."""
+
+        def listed(name: str | None) -> str | None:
+            return name if name is not None and settings.model_entry(name) is not None else None
+
+        model = listed(options.model)
+        assistant = listed(options.assistant)
+        if assistant is None and options.assistant is None and model is not None and spec.assistant:
+            assistant = f"{model}:draft"  # the allow-list entry's own draft
+        return cls(owner=owner, model_name=model, assistant_name=assistant)
 
 
 def input_limits(settings: Settings) -> InputLimits:
@@ -59,6 +89,8 @@ def store_job(
     expires_at: datetime | None = None,
     input_format: InputFormat = InputFormat.GENJOB,
     on_phase: Callable[[str], None] | None = None,
+    submitter: Submitter | None = None,
+    idempotency_key: str | None = None,
 ) -> Submitted:
     """Validate the whole file, then insert the job and its items in one transaction.
 
@@ -76,6 +108,8 @@ def store_job(
             expires_at=expires_at,
             input_format=input_format,
             on_phase=on_phase,
+            submitter=submitter,
+            idempotency_key=idempotency_key,
         )
 
 
@@ -90,15 +124,36 @@ def store_job_stream(
     expires_at: datetime | None = None,
     input_format: InputFormat = InputFormat.GENJOB,
     on_phase: Callable[[str], None] | None = None,
+    submitter: Submitter | None = None,
+    idempotency_key: str | None = None,
+    line_model: str | None = None,
+    line_endpoint: OpenAIEndpoint | None = None,
+    after_insert: Callable[[Session, str], None] | None = None,
 ) -> Submitted:
     """``store_job`` on a seekable binary stream (an upload spooled by the API), read twice.
 
     Chat messages (OpenAI lines) are rendered here by ``tokenizer`` (the target's chat template), so
     the items hold prompt text whichever way they came; prompts are checked against the model's
     context here when the tokenizer can tell. ``on_phase`` hears "validating", then "storing".
+    With ``idempotency_key``, a submit whose key was used before returns that job (``reused``) if the
+    content (file and options) is the same, and raises ``IdempotencyConflict`` otherwise: never a
+    second job. ``line_model``, ``line_endpoint``: every OpenAI line must name this model and be a
+    request for this endpoint (the Batches API), whose ``after_insert(session, job_id)`` adds its
+    rows in the job's transaction.
     """
+    submitter = submitter or Submitter()
     phase = on_phase or (lambda _name: None)
     limits = input_limits(settings)
+    key = None
+    if idempotency_key is not None:
+        header = json.dumps(
+            {"spec": spec.model_dump(mode="json"), "name": name, "format": input_format.value},
+            sort_keys=True,
+        )
+        key = keys.Idempotency(submitter.owner, "jobs", idempotency_key, keys.fingerprint(header, stream))
+        earlier = _earlier_submit(settings, key)
+        if earlier is not None:
+            return earlier
     phase("validating")
     start = stream.tell()
 
@@ -112,6 +167,8 @@ def store_job_stream(
             tokenizer=tokenizer,
             max_new_tokens=spec.max_new_tokens,
             duplicate_ids=duplicate_ids,
+            model=line_model,
+            endpoint=line_endpoint,
         )
 
     try:  # ids are left to the database's unique index: no set of every id in memory
@@ -128,14 +185,33 @@ def store_job_stream(
     phase("storing")
     try:
         with session_scope(settings.database_url) as session:
+            if key is not None:
+                keys.claim(session, idempotency=key)  # first: a concurrent retry waits here
             job = store.create_job(
-                session, spec=spec, items=items, queue=settings.queue, name=name, expires_at=expires_at
+                session,
+                spec=spec,
+                items=items,
+                queue=settings.queue,
+                name=name,
+                expires_at=expires_at,
+                owner=submitter.owner,
+                model_name=submitter.model_name,
+                assistant_name=submitter.assistant_name,
             )
             assert job.total == summary.count
+            if key is not None:
+                keys.bind(session, idempotency=key, job_id=job.id)
+            if after_insert is not None:
+                after_insert(session, job.id)
             return Submitted(job_id=job.id, items=job.total)
     except Exception as exc:
         if not is_duplicate_id(exc):
-            raise
+            earlier = None
+            if key is not None and isinstance(exc, IntegrityError) and keys.is_duplicate(exc):
+                earlier = _earlier_submit(settings, key)
+            if earlier is None:
+                raise
+            return earlier
     check(duplicate_ids=True)  # nothing was stored; this names the lines (and raises)
     raise AssertionError("the database refused a duplicate id that the file does not have")
 
@@ -145,3 +221,12 @@ def is_duplicate_id(error: BaseException) -> bool:
     cause = getattr(error, "orig", None) or error
     duplicate = isinstance(error, IntegrityError) or getattr(cause, "sqlstate", None) == "23505"
     return duplicate and "custom_id" in str(cause)
+
+
+def _earlier_submit(settings: Settings, key: keys.Idempotency) -> Submitted | None:
+    """The job an earlier submit with this key made (same content), None if none; raises
+    ``IdempotencyConflict`` when the key came with other content."""
+    with session_scope(settings.database_url) as session:
+        job_id = keys.remembered(session, idempotency=key)
+        job = session.get(Job, job_id) if job_id is not None else None
+        return Submitted(job_id=job.id, items=job.total, reused=True) if job is not None else None

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -47,9 +48,16 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+# Who owns jobs submitted straight to the database by the CLI (API keys' owners are ``key-…``).
+LOCAL_OWNER = "local"
+
+
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = ({"comment": "A submitted prompt file: its options, state, counters and engine sums."},)
+    __table_args__ = (
+        Index("ix_jobs_owner_created_at", "owner", "created_at"),
+        {"comment": "A submitted prompt file: its options, state, counters and engine sums."},
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, comment="Job id (12 hex digits).")
     name: Mapped[str | None] = mapped_column(String(200), comment="The name given at submit (--name).")
@@ -142,6 +150,18 @@ class Job(Base):
         DateTime(timezone=True),
         comment="When the publisher last recorded progress (a stopped one is taken over).",
     )
+    owner: Mapped[str] = mapped_column(
+        String(100),
+        default=LOCAL_OWNER,
+        server_default=LOCAL_OWNER,
+        comment="Who submitted it: the API key's owner id (key-…), or local (the CLI).",
+    )
+    model_name: Mapped[str | None] = mapped_column(
+        String(500), comment="The target as the submitter named it (allow-list name): shown instead of paths."
+    )
+    assistant_name: Mapped[str | None] = mapped_column(
+        String(500), comment="The draft as the submitter named it (allow-list name)."
+    )
 
 
 class Item(Base):
@@ -192,6 +212,17 @@ class Item(Base):
     )
     lease_expires_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), comment="Lease end; after it the sweeper takes the item back."
+    )
+    # The line's own sampling settings (OpenAI request lines); null: the job's.
+    temperature: Mapped[float | None] = mapped_column(
+        Float, comment="The line's temperature; null: the job's."
+    )
+    top_p: Mapped[float | None] = mapped_column(Float, comment="The line's top_p; null: the job's.")
+    seed: Mapped[int | None] = mapped_column(
+        BigInteger, comment="The line's seed (used as is); null: the job's seed + seq."
+    )
+    stop: Mapped[list[str] | None] = mapped_column(
+        Json, comment="The line's stop strings: output ends before the first one."
     )
 
 
@@ -257,3 +288,100 @@ class Attempt(Base):
         String(16), comment="done, failed, retried, lost, superseded or released."
     )
     error: Mapped[str | None] = mapped_column(Text, comment="Its error.")
+
+
+class IdempotencyKey(Base):
+    """A client's Idempotency-Key, remembered with what it created: a retry gets the same job or batch."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = ({"comment": "Idempotency keys of submits and batch creations, per owner."},)
+
+    owner: Mapped[str] = mapped_column(String(100), primary_key=True, comment="The key's owner (API key).")
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True, comment="jobs or batches.")
+    key: Mapped[str] = mapped_column(String(255), primary_key=True, comment="The Idempotency-Key given.")
+    fingerprint: Mapped[str] = mapped_column(
+        String(64), comment="sha256 of the request's content: the same key with other content is refused."
+    )
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), comment="The job it created."
+    )
+    batch_id: Mapped[str | None] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE"), comment="The batch it created."
+    )
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, comment="When it was first used."
+    )
+
+
+class File(Base):
+    """An uploaded file (OpenAI Files API) or a batch's output or error file; content in ``file_chunks``."""
+
+    __tablename__ = "files"
+    __table_args__ = (
+        Index("ix_files_owner_created_at", "owner", "created_at"),
+        UniqueConstraint("job_id", "filename"),
+        {"comment": "Files of the OpenAI-compatible API: uploads and batch outputs."},
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, comment="File id (file-…).")
+    owner: Mapped[str] = mapped_column(String(100), comment="The API key's owner id that owns it.")
+    purpose: Mapped[str] = mapped_column(
+        String(32), comment="batch (uploads) or batch_output (a batch's output and error files)."
+    )
+    filename: Mapped[str] = mapped_column(String(255), comment="The name given at upload.")
+    bytes: Mapped[int] = mapped_column(BigInteger, comment="Size of the content in bytes.")
+    sha256: Mapped[str] = mapped_column(String(64), comment="sha256 of the content.")
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, comment="When it was stored."
+    )
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), comment="For a batch's output: its job."
+    )
+
+
+class FileChunk(Base):
+    """A file's content in blocks of at most 1 MiB, streamed in and out (flat memory for any size)."""
+
+    __tablename__ = "file_chunks"
+    __table_args__ = ({"comment": "The content of files, block by block."},)
+
+    file_id: Mapped[str] = mapped_column(
+        ForeignKey("files.id", ondelete="CASCADE"), primary_key=True, comment="Its file."
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, comment="Block number, from 0.")
+    data: Mapped[bytes] = mapped_column(LargeBinary, comment="The block's bytes.")
+
+
+class Batch(Base):
+    """An OpenAI batch: a job (``job_id``) plus what the Batches API shows. A batch whose input failed
+    validation has no job, its ``errors`` name the lines."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_owner_created_at", "owner", "created_at"),
+        {"comment": "Batches of the OpenAI-compatible API, each a genjob job."},
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, comment="Batch id (batch_…).")
+    owner: Mapped[str] = mapped_column(String(100), comment="The API key's owner id that owns it.")
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), comment="Its job; null when validation failed."
+    )
+    input_file_id: Mapped[str] = mapped_column(String(40), comment="The uploaded requests (file-…).")
+    endpoint: Mapped[str] = mapped_column(String(32), comment="/v1/completions or /v1/chat/completions.")
+    completion_window: Mapped[str] = mapped_column(String(16), comment="Time allowed, e.g. 24h.")
+    batch_metadata: Mapped[dict[str, str] | None] = mapped_column(
+        "metadata", Json, comment="The client's metadata (up to 16 pairs)."
+    )
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        Json, comment="Validation errors (code, message, line, param)."
+    )
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, comment="When it was created."
+    )
+    expires_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), comment="created_at + completion_window: then it ends expired."
+    )
+    failed_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="When its validation failed."
+    )

@@ -24,3 +24,9 @@ def run_pending_here(settings: Settings, job_id: str) -> None:
         chunks = list(store.pending_item_chunks(session, job_id=job_id, chunk_size=settings.chunk_size))
     for item_ids in chunks:
         process_chunk(settings=settings, job_id=job_id, item_ids=item_ids, worker="test")
+
+
+def with_settings(settings: Settings, **changes) -> Settings:
+    """``settings`` with some values changed, validated as if read from the environment."""
+    values = {name: getattr(settings, name) for name in Settings.model_fields}
+    return Settings(**{**values, **changes})

@@ -37,7 +37,7 @@ from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
 from genjob.tables import Job
 from genjob.worker.health import stopping
-from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner
+from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, cut_at_stop
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,12 @@ def _job_ended(session: Session, *, job_id: str) -> bool:
     return session.scalar(select(Job.status).where(Job.id == job_id)) in TERMINAL_JOB_STATUSES
 
 
-def result_row(runner: JobRunner, done: Finished, worker: str, lossless: bool | None) -> dict[str, Any]:
+def result_row(
+    runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
+) -> dict[str, Any]:
     stats = done.stats
     return {
-        "output": runner.text(done.token_ids),
+        "output": cut_at_stop(runner.text(done.token_ids), stop),
         "finish_reason": stats.finish_reason,
         "mode": runner.spec.mode.value,
         "prompt_tokens": stats.prompt_tokens,
@@ -264,7 +266,7 @@ class ItemLoop:
         engine = self.runner.engine
         try:
             requests = [self.runner.request(item)]
-            if self.runner.is_lossless_sample(item.seq):
+            if self.runner.is_lossless_sample(item.seq) and not item.temperature:
                 requests.append(self.runner.request(item, key=-item.id, plain=True))
                 self.twins[item.id] = None
             engine.add(requests)
@@ -299,7 +301,8 @@ class ItemLoop:
                 done.token_ids,
                 twin.token_ids if twin else None,
             )
-        self.finished.append((item, result_row(self.runner, done, self.context.worker, lossless)))
+        row = result_row(self.runner, done, self.context.worker, lossless, item.stop)
+        self.finished.append((item, row))
 
     def _lose_batch(self, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"

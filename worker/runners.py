@@ -25,7 +25,7 @@ from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
 from genjob.generation.loading import check_same_vocabulary, eos_ids, load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup, Proposer
-from genjob.generation.requests import Request
+from genjob.generation.requests import Request, StopCheck
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
@@ -37,8 +37,42 @@ LARGEST_PROBED_BATCH = 64
 CHUNK_PER_BATCH = 4  # default items per task message: four batches, so a chunk's tail is short
 
 
+SEED_MASK = 2**63 - 1
+STOP_WINDOW_TOKENS = 96  # tokens decoded to look for a stop string: a round's new tokens and then some
+
+
 class PromptTooLong(ValueError):
     pass
+
+
+def stop_check(tokenizer: PreTrainedTokenizerBase, stops: list[str]) -> StopCheck:
+    """The engine's stop check for stop strings: after each round, the row's last tokens (a window
+    longer than any stop string plus a round's tokens) are decoded; once a stop string appears, the
+    row keeps the tokens up to the one that completes it (``cut_at_stop`` trims the text)."""
+    window = STOP_WINDOW_TOKENS + max(len(stop) for stop in stops)
+
+    def found(tokens: list[int]) -> bool:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return any(stop in text for stop in stops)
+
+    def check(tokens: list[int]) -> int | None:
+        start = max(0, len(tokens) - window)
+        if not found(tokens[start:]):
+            return None
+        end = start + 1
+        while not found(tokens[start:end]):
+            end += 1
+        return end
+
+    return check
+
+
+def cut_at_stop(text: str, stops: list[str] | None) -> str:
+    """The text before the first stop string (OpenAI leaves the stop string out)."""
+    if not stops:
+        return text
+    cuts = [text.find(stop) for stop in stops if stop in text]
+    return text[: min(cuts)] if cuts else text
 
 
 # Errors that another try cannot fix: the item fails at once.
@@ -122,7 +156,9 @@ class JobRunner:
         return cls(spec, engine, tokenizer, eos_ids(target, tokenizer), max_positions(target), batch)
 
     def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request:
-        """The item as the engine's request; ``plain``: a twin decoded without drafts (the lossless check)."""
+        """The item as the engine's request; ``plain``: a twin decoded without drafts (the lossless check).
+
+        The line's own settings (temperature, top_p, seed, stop strings) win over the job's."""
         spec = self.spec
         max_new_tokens = item.max_new_tokens or spec.max_new_tokens
         ids = self.tokenizer(item.prompt)["input_ids"]
@@ -132,14 +168,17 @@ class JobRunner:
                 f"context of {self.context} tokens"
             )
         seed = (spec.seed if spec.seed is not None else zlib.crc32(item.job_id.encode())) + item.seq
+        if item.seed is not None:
+            seed = item.seed & SEED_MASK  # OpenAI's seeds may be negative; the same seed, the same draws
         return Request(
             key=item.id if key is None else key,
             input_ids=ids,
             max_new_tokens=max_new_tokens,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
+            temperature=spec.temperature if item.temperature is None else item.temperature,
+            top_p=spec.top_p if item.top_p is None else item.top_p,
             seed=seed,
             eos_ids=self.eos_ids,
+            stop=stop_check(self.tokenizer, item.stop) if item.stop else None,
             draft_limit=0 if plain else None,
         )
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from genjob import store
-from genjob.api.deps import JobDep, SessionDep, SettingsDep, require_api_key
+from genjob.api.deps import CallerDep, JobDep, SessionDep, SettingsDep, require_api_key
 from genjob.api.errors import ApiError, ErrorDetail, error_responses
+from genjob.api.quota import check_quota
 from genjob.api.schemas import JobList, JobOut, RequeueOut
 from genjob.api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
 from genjob.catalog import JobOptionsError, job_spec
@@ -25,7 +26,8 @@ from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.options import JobOptions
 from genjob.queueing import BrokerUnavailable
 from genjob.settings import Settings
-from genjob.submit import store_job_stream
+from genjob.store.idempotency import MAX_KEY_CHARS, IdempotencyConflict
+from genjob.submit import Submitter, store_job_stream
 from genjob.tables import Job
 from genjob.worker.enqueue import enqueue_job
 
@@ -42,7 +44,7 @@ def _load_job(settings: Settings, job_id: str) -> Job:
         return store.get_job(session, job_id=job_id)
 
 
-async def _enqueue(
+async def enqueue_chunks(
     settings: Settings, job_id: str, chunk_size: int, background: BackgroundTasks, everything: bool = False
 ) -> int:
     """Queue what the job is missing as chunks (returns how many); embedded: run them after the response."""
@@ -67,30 +69,49 @@ def _count_chunks(settings: Settings, job_id: str, chunk_size: int) -> int:
         return sum(1 for _ in store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size))
 
 
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=MAX_KEY_CHARS,
+        description="Retry-safe submit: the same key with the same upload and options answers the job "
+        "the first request made (200, `Idempotent-Replayed: true`), with other content 409; never a second "
+        "job. Keys belong to your API key and last as long as the job.",
+    ),
+]
+
+
 @router.post(
     "",
     status_code=201,
     summary="Submit a JSONL upload as a job",
-    responses=error_responses(400, 413, 415, 503),
+    responses=error_responses(400, 408, 409, 413, 415, 429, 503),
     openapi_extra={"requestBody": UPLOAD_REQUEST_BODY},
 )
 async def create_job(
     request: Request,
     response: Response,
     settings: SettingsDep,
+    caller: CallerDep,
     options: Annotated[JobOptions, Query()],
     background: BackgroundTasks,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> JobOut:
     """Validate the whole upload as `genjob submit` does, then store and queue it.
 
     A bad line answers 422 with every problem (line and field) in `error.details`, and nothing is
-    stored. An upload over GENJOB_MAX_UPLOAD_BYTES answers 413.
+    stored. Limits: an upload over GENJOB_MAX_UPLOAD_BYTES answers 413 (checked while it streams in),
+    a body that stalls for GENJOB_API_BODY_TIMEOUT_S answers 408, more than GENJOB_API_MAX_UPLOADS
+    uploads at once answer 503, a key over its GENJOB_API_QUOTA_TOKENS answers 429.
     """
     try:
         spec = job_spec(settings, options, allow_paths=False)
     except JobOptionsError as exc:
         detail = ErrorDetail(message=str(exc), field=exc.field)
         raise ApiError(422, "invalid_options", f"invalid job options: {exc}", details=[detail]) from exc
+    await run_in_threadpool(check_quota, settings, caller.owner)
+    submitter = Submitter.of(settings, options, spec, owner=caller.owner)
     async with spooled_upload(request, limit=settings.max_upload_bytes) as upload:
         try:
             submitted = await run_in_threadpool(
@@ -99,27 +120,44 @@ async def create_job(
                 stream=upload.file.file,
                 source=upload.source,
                 spec=spec,
-                tokenizer=PromptTokenizer(spec.model),
+                tokenizer=PromptTokenizer(spec.model, label=options.model),
                 name=options.name,
                 input_format=options.input_format,
+                submitter=submitter,
+                idempotency_key=idempotency_key,
             )
         except InputFileError as exc:
             raise ApiError.invalid_input(exc) from exc
-    request.app.state.metrics.jobs_submitted.labels(options.model).inc()
-    await _enqueue(settings, submitted.job_id, options.chunk_size or settings.chunk_size, background)
+        except IdempotencyConflict as exc:
+            raise ApiError(
+                409,
+                "idempotency_conflict",
+                str(exc),
+                details=[ErrorDetail(message=str(exc), field="Idempotency-Key")],
+            ) from exc
+    if submitted.reused:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        request.app.state.metrics.jobs_submitted.labels(options.model).inc()
+        await enqueue_chunks(
+            settings, submitted.job_id, options.chunk_size or settings.chunk_size, background
+        )
     job = await run_in_threadpool(_load_job, settings, submitted.job_id)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return JobOut.of(job)
 
 
-@router.get("", summary="List jobs, newest first")
+@router.get("", summary="List your jobs, newest first")
 def list_jobs(
     session: SessionDep,
+    caller: CallerDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
 ) -> JobList:
-    rows = store.list_jobs(session, status=status, limit=limit + 1, offset=offset)
+    """Your API key's jobs (an admin key: everyone's, the CLI's too)."""
+    rows = store.list_jobs(session, status=status, limit=limit + 1, offset=offset, owner=caller.scope)
     more = len(rows) > limit
     return JobList(
         data=[JobOut.of(job) for job in rows[:limit]],
@@ -139,6 +177,7 @@ def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
     """No new items start; the item in flight finishes and is kept. 409 if the job already ended."""
     if not store.cancel_job(session, job=job):
         raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
+    session.commit()  # before the answer: the client's next read must see it
     return JobOut.of(job)
 
 
@@ -155,5 +194,5 @@ async def requeue_job(
     nothing was missing, or the job already ended). Safe to repeat, on a job in any state."""
     if job.status in TERMINAL_JOB_STATUSES:
         return RequeueOut(job=JobOut.of(job), chunks=0)
-    chunks = await _enqueue(settings, job.id, settings.chunk_size, background, everything=everything)
+    chunks = await enqueue_chunks(settings, job.id, settings.chunk_size, background, everything=everything)
     return RequeueOut(job=JobOut.of(job), chunks=chunks)

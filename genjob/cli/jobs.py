@@ -30,7 +30,8 @@ from genjob.formats.lines import InputFileError
 from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.queueing import BrokerUnavailable
 from genjob.settings import Settings
-from genjob.submit import store_job
+from genjob.store.idempotency import MAX_KEY_CHARS, IdempotencyConflict
+from genjob.submit import Submitter, store_job
 from genjob.tables import utcnow
 from genjob.worker.enqueue import enqueue_job
 
@@ -58,9 +59,20 @@ def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int, ever
     help="Deadline (30s, 10m, 2h, 1d): the job then ends expired, unstarted items too.",
 )
 @click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
+@click.option(
+    "--idempotency-key",
+    metavar="KEY",
+    help="Retry-safe submit: a second submit with this KEY and the same file and options prints the "
+    "first one's job (and queues nothing); with other content it is refused. Never a second job.",
+)
 @click.pass_context
 def submit(
-    ctx: click.Context, prompts: Path, wait: bool, expire_after: timedelta | None, **values: Any
+    ctx: click.Context,
+    prompts: Path,
+    wait: bool,
+    expire_after: timedelta | None,
+    idempotency_key: str | None,
+    **values: Any,
 ) -> None:
     """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
 
@@ -71,6 +83,8 @@ def submit(
     With --wait (and in embedded mode, which runs the job here), the exit code
     tells how the job ended: 0 all done, 3 items failed, 4 cancelled or expired.
     """
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
+        raise click.ClickException(f"--idempotency-key must have 1 to {MAX_KEY_CHARS} characters")
     settings = settings_and_schema()
     try:
         options = parse_job_options(option_values(values))
@@ -88,11 +102,21 @@ def submit(
                 expires_at=deadline(expire_after),
                 input_format=options.input_format,
                 on_phase=phase,
+                submitter=Submitter.of(settings, options, spec),
+                idempotency_key=idempotency_key,
             )
-    except InputFileError as exc:
+    except (InputFileError, IdempotencyConflict) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(submitted.job_id)
     chunk_size = options.chunk_size or settings.chunk_size
+    if submitted.reused:
+        click.echo(f"already submitted with this idempotency key: job {submitted.job_id}", err=True)
+        if wait:
+            follow_job(settings, submitted.job_id)
+            job = load_job(settings, submitted.job_id)
+            click.echo(end_line(job), err=True)
+            ctx.exit(job_exit_code(job))
+        return
     if settings.embedded:
         runner = EmbeddedRun(settings, submitted.job_id, chunk_size)
         runner.start()

@@ -35,6 +35,16 @@ _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 @dataclass(frozen=True, slots=True)
+class LineSampling:
+    """A line's own sampling settings (OpenAI request lines); None: the job's."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PromptItem:
     seq: int  # position among the file's prompts, from 0
     line: int  # 1-based line number in the file
@@ -42,6 +52,7 @@ class PromptItem:
     custom_id: str | None
     max_new_tokens: int | None
     endpoint: OpenAIEndpoint | None = None  # OpenAI request lines only
+    sampling: LineSampling | None = None  # OpenAI request lines only
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +99,8 @@ class ParsedLine:
     id_field: str = "id"
     prompt_field: str = "prompt"
     max_new_tokens_field: str = "max_new_tokens"
+    sampling: LineSampling | None = None
+    model: str | None = None  # body.model of an OpenAI request line
 
 
 @dataclass(frozen=True)

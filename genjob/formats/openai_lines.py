@@ -6,7 +6,11 @@ Input, one request per line, as in an OpenAI batch file::
     {"custom_id": "r2", "body": {"messages": [{"role": "user", "content": "..."}]}}
 
 ``method`` and ``url`` are optional (the body tells which endpoint it is), but one file uses one
-endpoint. ``body.model`` is accepted and ignored: the job's model decides. Chat ``messages`` are
+endpoint. ``body.model`` is checked by the Batches API (every line names the batch's model) and
+ignored by ``--input-format openai`` jobs (the job's model decides). The standard sampling fields
+take OpenAI's meaning (``temperature``, ``top_p``, ``seed``, ``stop``; a field left out takes the
+job's value), ``n`` may only be 1 and ``stream`` only false, ``user`` and ``metadata`` are accepted
+and not used; any other field is refused with its line and name. Chat ``messages`` are
 rendered to prompt text at submit time with the target tokenizer's chat template, so the stored
 items, the worker and the engine (ids only) are the same for every format, and a template error is
 reported with its line before anything is stored.
@@ -29,6 +33,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -37,13 +42,30 @@ from pydantic import (
 )
 
 from genjob.constants import OpenAIEndpoint
-from genjob.formats.lines import LineProblem, ParsedLine, describe_validation_error
+from genjob.formats.lines import LineProblem, LineSampling, ParsedLine, describe_validation_error
 from genjob.formats.tokenizing import SubmitTokenizer
+
+MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_STOP_CHARS = 200
 
 # Fields each object of a request line allows, by path (list indices as "*"), for error messages.
 ALLOWED_FIELDS = {
     "": ("custom_id", "method", "url", "body"),
-    "body": ("model", "prompt", "messages", "max_tokens", "max_completion_tokens"),
+    "body": (
+        "model",
+        "prompt",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "user",
+        "metadata",
+    ),
     "body.messages.*": ("role", "content", "name"),
 }
 
@@ -80,6 +102,31 @@ class RequestBody(BaseModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    stop: StrictStr | list[StrictStr] | None = None
+    n: Literal[1] | None = None
+    stream: Literal[False] | None = None
+    user: StrictStr | None = Field(default=None, max_length=256)
+    metadata: dict[StrictStr, StrictStr] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not stop or len(stop) > MAX_STOP_CHARS for stop in stops):
+            raise ValueError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
+        return value
+
+    @property
+    def sampling(self) -> LineSampling | None:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop) if self.stop else None
+        if self.temperature is None and self.top_p is None and self.seed is None and stop is None:
+            return None
+        return LineSampling(self.temperature, self.top_p, self.seed, stop)
 
     @field_validator("prompt")
     @classmethod
@@ -172,4 +219,6 @@ def parse_openai_line(data: dict[str, Any], tokenizer: SubmitTokenizer | None) -
         id_field="custom_id",
         prompt_field=prompt_field,
         max_new_tokens_field=parsed.max_new_tokens_field,
+        sampling=parsed.body.sampling,
+        model=parsed.body.model,
     )

@@ -2,23 +2,53 @@
 
 ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body": {...}}, "error": null}``
 with a ``text_completion`` or ``chat.completion`` body, or ``response: null`` and an ``error`` for an
-item that failed, was cancelled or has not run yet. Must not know: Celery, torch, HTTP.
+item that failed, was cancelled or has not run yet; a batch's output and error files are these lines
+(``batch_output_lines``). Must not know: Celery, torch, HTTP.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from genjob.constants import ItemStatus, OpenAIEndpoint
+from genjob.store import iter_results
 from genjob.tables import Item, Job, Result
 
 
-def _usage(result: Result) -> dict[str, int]:
+def _usage(result: Result) -> dict[str, Any]:
+    """OpenAI's usage, with the draft's tokens as predictions: ``accepted_prediction_tokens`` are the
+    drafted tokens the target kept, ``rejected_prediction_tokens`` those it refused."""
     return {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.new_tokens,
         "total_tokens": result.prompt_tokens + result.new_tokens,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": result.draft_accepted,
+            "rejected_prediction_tokens": max(0, result.draft_proposed - result.draft_accepted),
+        },
     }
+
+
+def _speculative(result: Result) -> dict[str, Any]:
+    """genjob's extension object (the SDK ignores it): how the item was decoded."""
+    return {
+        "mode": result.mode,
+        "target_rounds": result.target_rounds,
+        "draft_proposed": result.draft_proposed,
+        "draft_accepted": result.draft_accepted,
+        "draft_rejections": result.draft_rejections,
+        "gamma_mean": result.gamma_mean,
+        "latency_s": result.latency_s,
+    }
+
+
+def model_label(location: str) -> str:
+    """A model as a client may see it: a hub id as is, a local path by its last part only."""
+    return location.rstrip("/").rsplit("/", 1)[-1] if location.startswith(("/", ".", "~")) else location
 
 
 def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
@@ -39,9 +69,10 @@ def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
         "id": f"{prefix}-{job.id}-{item.seq}",
         "object": kind,
         "created": created,
-        "model": job.model,
+        "model": job.model_name or model_label(job.model),
         "choices": [choice],
         "usage": _usage(result),
+        "genjob": _speculative(result),
     }
 
 
@@ -59,3 +90,18 @@ def response_record(job: Job, item: Item, result: Result | None) -> dict[str, An
     record["response"] = None
     record["error"] = {"code": f"item_{item.status}", "message": item.error or f"item is {item.status}"}
     return record
+
+
+# The codes OpenAI's batch error files use for requests a batch did not run.
+BATCH_ERROR_CODES = {ItemStatus.CANCELLED: "batch_cancelled", ItemStatus.EXPIRED: "batch_expired"}
+
+
+def batch_output_lines(session: Session, job: Job, *, done: bool) -> Iterator[bytes]:
+    """A batch's output file (``done``: the items done) or error file (every other item), as JSONL bytes."""
+    for item, result in iter_results(session, job_id=job.id, status=ItemStatus.DONE if done else None):
+        if not done and item.status == ItemStatus.DONE:
+            continue
+        record = response_record(job, item, result)
+        if record["error"] is not None:
+            record["error"]["code"] = BATCH_ERROR_CODES.get(ItemStatus(item.status), record["error"]["code"])
+        yield (json.dumps(record, ensure_ascii=False) + "\n").encode()

@@ -71,13 +71,19 @@ def read_prompts(
     tokenizer: SubmitTokenizer | None = None,
     max_new_tokens: int | None = None,
     duplicate_ids: bool = True,
+    model: str | None = None,
+    endpoint: OpenAIEndpoint | None = None,
 ) -> Iterator[PromptItem | LineError]:
     """Every line's item or error, in order. With a ``tokenizer`` and ``max_new_tokens`` (the job's
     default), each valid prompt is also checked against the model's context. ``duplicate_ids``:
     refuse an id seen on an earlier line (this keeps every id in memory; ``genjob.submit`` leaves
-    it to the database's unique index, and asks for it only to report a file it refused)."""
+    it to the database's unique index, and asks for it only to report a file it refused). With
+    ``model`` and ``endpoint`` (the Batches API), every OpenAI line must name that model in
+    ``body.model`` and be a request for that endpoint."""
     try:
-        yield from _read(stream, limits, input_format, tokenizer, max_new_tokens, duplicate_ids)
+        yield from _read(
+            stream, limits, input_format, tokenizer, max_new_tokens, duplicate_ids, model, endpoint
+        )
     except FileTooLarge:
         yield LineError(None, file_too_large_message(None, limits.max_file_bytes))
 
@@ -89,9 +95,12 @@ def _read(
     tokenizer: SubmitTokenizer | None,
     max_new_tokens: int | None,
     duplicate_ids: bool,
+    model: str | None = None,
+    batch_endpoint: OpenAIEndpoint | None = None,
 ) -> Iterator[PromptItem | LineError]:
     seen_ids: set[str] = set()
-    endpoint: tuple[OpenAIEndpoint, int] | None = None  # the file's endpoint, and its first line
+    # the file's endpoint, and its first line (0: the batch's, given)
+    endpoint = (batch_endpoint, 0) if batch_endpoint is not None else None
     seq = 0
     for number, raw in read_lines(stream, limits):
         if raw is None:
@@ -123,14 +132,24 @@ def _read(
         except LineProblem as problem:
             yield LineError(number, problem.message, problem.field)
             continue
+        if model is not None and parsed.model != model:
+            named = f"names {parsed.model!r}" if parsed.model is not None else "names no model"
+            yield LineError(
+                number,
+                f"field 'body.model': the line {named}; every line of a batch names {model!r}",
+                "body.model",
+            )
+            continue
         if parsed.endpoint is not None:
             if endpoint is None:
                 endpoint = (parsed.endpoint, number)
             elif parsed.endpoint is not endpoint[0]:
+                where = f"a file of {endpoint[0].value} requests (line {endpoint[1]})"
+                if endpoint[1] == 0:
+                    where = f"a batch for {endpoint[0].value}"
                 yield LineError(
                     number,
-                    f"a {parsed.endpoint.value} request in a file of {endpoint[0].value} requests "
-                    f"(line {endpoint[1]}): a batch uses one endpoint",
+                    f"a {parsed.endpoint.value} request in {where}: a batch uses one endpoint",
                     parsed.prompt_field,
                 )
                 continue
@@ -141,7 +160,13 @@ def _read(
                 continue
             seen_ids.add(parsed.custom_id)
         item = PromptItem(
-            seq, number, parsed.prompt, parsed.custom_id, parsed.max_new_tokens, parsed.endpoint
+            seq,
+            number,
+            parsed.prompt,
+            parsed.custom_id,
+            parsed.max_new_tokens,
+            parsed.endpoint,
+            parsed.sampling,
         )
         too_long = None
         if tokenizer is not None and max_new_tokens is not None:
@@ -168,12 +193,13 @@ def check_prompts(
     tokenizer: SubmitTokenizer | None = None,
     max_new_tokens: int | None = None,
     duplicate_ids: bool = True,
+    model: str | None = None,
+    endpoint: OpenAIEndpoint | None = None,
 ) -> InputSummary:
     """Check every line; return the number of prompts (and endpoint) or raise ``InputFileError``."""
     errors: list[LineError] = []
     more = 0
     count = 0
-    endpoint = None
     entries = read_prompts(
         stream,
         limits=limits,
@@ -181,6 +207,8 @@ def check_prompts(
         tokenizer=tokenizer,
         max_new_tokens=max_new_tokens,
         duplicate_ids=duplicate_ids,
+        model=model,
+        endpoint=endpoint,
     )
     for entry in entries:
         if isinstance(entry, LineError):
@@ -190,7 +218,7 @@ def check_prompts(
                 more += 1
         else:
             count += 1
-            endpoint = entry.endpoint
+            endpoint = entry.endpoint or endpoint
     if not errors and count == 0:
         errors.append(LineError(None, "no prompts found (the file is empty or has only blank lines)"))
     if errors:
@@ -215,3 +243,29 @@ def valid_prompts(
         if isinstance(entry, LineError):
             raise InputFileError(source, [entry])
         yield entry
+
+
+def first_line_model(stream: BinaryIO, *, limits: InputLimits) -> tuple[int, str | None] | None:
+    """(line number, ``body.model``) of the first non-blank line of OpenAI request lines, the stream
+    rewound; None for a file with no such line. A line that does not parse names no model (the
+    full check reports it)."""
+    start = stream.tell()
+    try:
+        for number, raw in read_lines(stream, limits):
+            if raw is None:
+                return number, None
+            text = raw.removeprefix(UTF8_BOM).decode("utf-8", errors="replace").strip()
+            if not text:
+                continue
+            try:
+                data = parse_json_line(text, last_line=False)
+            except LineProblem:
+                return number, None
+            body = data.get("body") if isinstance(data, dict) else None
+            model = body.get("model") if isinstance(body, dict) else None
+            return number, model if isinstance(model, str) else None
+        return None
+    except FileTooLarge:
+        return None
+    finally:
+        stream.seek(start)

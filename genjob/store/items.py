@@ -51,6 +51,11 @@ class ClaimedItem:
     fence: int
     started_at: datetime
     error: str | None = None  # the last try's error, if any
+    # The line's own sampling settings (OpenAI batch lines); None: the job's.
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
 
 
 def give_up_exhausted(
@@ -143,6 +148,10 @@ def claim_items(
             Item.attempts,
             Item.fence,
             Item.error,
+            Item.temperature,
+            Item.top_p,
+            Item.seed,
+            Item.stop,
         )
     ).all()
     if not rows and not _job_is_live(session, job_id=job_id, now=now):
@@ -159,6 +168,10 @@ def claim_items(
             fence=row.fence,
             started_at=now,
             error=row.error,
+            temperature=row.temperature,
+            top_p=row.top_p,
+            seed=row.seed,
+            stop=row.stop,
         )
         for row in rows
     ]

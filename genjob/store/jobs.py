@@ -15,7 +15,7 @@ from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import (
@@ -26,13 +26,13 @@ from genjob.constants import (
 )
 from genjob.db import changed_rows
 from genjob.options import JobSpec
+from genjob.store.item_rows import insert_items
 from genjob.store.leases import as_utc
-from genjob.tables import Item, Job, Result, utcnow
+from genjob.tables import LOCAL_OWNER, Item, Job, Result, utcnow
 
 if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
     from genjob.formats.lines import PromptItem
 
-INSERT_BATCH = 2000
 T = TypeVar("T")
 
 
@@ -62,12 +62,20 @@ def create_job(
     name: str | None = None,
     expires_at: datetime | None = None,
     job_id: str | None = None,
+    owner: str = LOCAL_OWNER,
+    model_name: str | None = None,
+    assistant_name: str | None = None,
 ) -> Job:
     """Insert a job and all its items in the caller's transaction, streamed in flat memory.
 
-    Postgres (psycopg) gets one ``COPY items FROM STDIN``; other databases executemany batches.
+    Postgres (psycopg) gets one ``COPY items FROM STDIN`` (``item_rows``). ``owner`` is the API
+    key's owner id (``local``: the CLI); the names are what the submitter called the models (shown
+    instead of the paths the workers load).
     """
     job = Job(
+        owner=owner,
+        model_name=model_name,
+        assistant_name=assistant_name,
         id=job_id or new_job_id(),
         name=name,
         status=JobStatus.QUEUED,
@@ -83,57 +91,42 @@ def create_job(
     )
     session.add(job)
     session.flush()
-    rows = (
-        (job.id, item.seq, item.line, item.custom_id, item.prompt, item.max_new_tokens, ItemStatus.PENDING, 0)
-        for item in items
-    )
-    if session.get_bind().dialect.driver == "psycopg":
-        job.total = _copy_items(session, rows)
-    else:
-        job.total = 0
-        for batch in batched(rows, INSERT_BATCH):
-            session.execute(insert(Item), [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in batch])
-            job.total += len(batch)
+    job.total = insert_items(session, job_id=job.id, items=items)
     job.queued_seq = 0
     job.queue_progress_at = utcnow()  # its publisher starts now; a sweeper takes over if it stops
     session.flush()
     return job
 
 
-ITEM_COLUMNS = ("job_id", "seq", "line", "custom_id", "prompt", "max_new_tokens", "status", "attempts")
-
-
-def _copy_items(session: Session, rows: Iterable[tuple[Any, ...]]) -> int:
-    """Stream rows into ``items`` with COPY (about 3x faster than executemany); returns the count."""
-    count = 0
-    cursor = session.connection().connection.cursor()
-    try:
-        with cursor.copy(f"COPY items ({', '.join(ITEM_COLUMNS)}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-                count += 1
-    finally:
-        cursor.close()
-    return count
-
-
-def get_job(session: Session, *, job_id: str) -> Job:
-    """The job with this id, or the only job whose id starts with it."""
+def get_job(session: Session, *, job_id: str, owner: str | None = None) -> Job:
+    """The job with this id, or the only job whose id starts with it; with ``owner``, only among
+    that owner's jobs (another owner's job is not found, whole id or prefix)."""
     job = session.get(Job, job_id)
-    if job is not None:
+    if job is not None and owner in (None, job.owner):
         return job
-    matches = session.scalars(select(Job).where(Job.id.startswith(job_id, autoescape=True)).limit(2)).all()
+    query = select(Job).where(Job.id.startswith(job_id, autoescape=True))
+    if owner is not None:
+        query = query.where(Job.owner == owner)
+    matches = session.scalars(query.limit(2)).all()
     if len(matches) == 1:
         return matches[0]
     raise JobNotFound(job_id)
 
 
 def list_jobs(
-    session: Session, *, status: str | None = None, limit: int = 50, offset: int = 0
+    session: Session,
+    *,
+    status: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    owner: str | None = None,
 ) -> Sequence[Job]:
+    """Newest first; with ``owner``, only that owner's jobs."""
     query = select(Job).order_by(Job.created_at.desc(), Job.id)
     if status:
         query = query.where(Job.status == status)
+    if owner is not None:
+        query = query.where(Job.owner == owner)
     return session.scalars(query.limit(limit).offset(offset)).all()
 
 

@@ -55,8 +55,10 @@ def test_create_from_a_multipart_upload(client: TestClient, api_settings: Settin
         "multi",
         "draft",
     )
-    assert job["model"] == api_settings.model_entry("tiny").target
-    assert job["assistant"] == api_settings.model_entry("tiny").draft
+    assert job["model"] == "tiny"  # the allow-list name: never a server path
+    assert api_settings.model_entry("tiny").target not in response.text
+    assert (job["assistant"], job["spec"]["assistant"]) == ("tiny:draft", "tiny:draft")
+    assert api_settings.model_entry("tiny").draft not in response.text
     assert job["spec"]["max_new_tokens"] == 5
     with session_scope(api_settings.database_url) as session:
         items = session.scalars(select(Item).where(Item.job_id == job["id"]).order_by(Item.seq)).all()
@@ -251,7 +253,7 @@ def test_the_query_parameters_are_the_job_options(client: TestClient) -> None:
 
 def test_an_assistant_from_the_allow_list(client: TestClient, api_settings: Settings) -> None:
     job = submit(client, model="tiny-plain", assistant="tiny")
-    assert (job["mode"], job["assistant"]) == ("draft", api_settings.model_entry("tiny").target)
+    assert (job["mode"], job["model"], job["assistant"]) == ("draft", "tiny-plain", "tiny")
 
 
 def test_list_newest_first_paginated_and_filtered(client: TestClient) -> None:
@@ -292,7 +294,9 @@ def test_unknown_and_malformed_job_ids(client: TestClient) -> None:
     assert missing.json() == {
         "error": {"code": "not_found", "message": "no job '0123456789ab'", "details": []}
     }
-    assert client.get("/v1/jobs/not-an-id").status_code == 422
+    for unknown in ("not-an-id", "x" * 300, "%20"):
+        assert client.get(f"/v1/jobs/{unknown}").status_code == 404
+        assert client.get(f"/v1/jobs/{unknown}/results").status_code == 404
     assert client.get("/v1/nowhere").json()["error"]["code"] == "not_found"
 
 

@@ -34,9 +34,26 @@ def errors_of(tmp_path: Path, lines: list[str], **kwargs) -> list[str]:
 CASES = [
     (
         "unknown_body_field",
-        {"body": {"prompt": "x", "temperature": 0.5}},
-        "p.jsonl:1: unknown field 'body.temperature' "
-        "(allowed: model, prompt, messages, max_tokens, max_completion_tokens)",
+        {"body": {"prompt": "x", "tools": []}},
+        "p.jsonl:1: unknown field 'body.tools' "
+        "(allowed: model, prompt, messages, max_tokens, max_completion_tokens, temperature, top_p, seed, "
+        "stop, n, stream, user, metadata)",
+    ),
+    ("n_above_one", {"body": {"prompt": "x", "n": 2}}, "p.jsonl:1: field 'body.n': Input should be 1"),
+    (
+        "streaming",
+        {"body": {"prompt": "x", "stream": True}},
+        "p.jsonl:1: field 'body.stream': Input should be False",
+    ),
+    (
+        "temperature_out_of_range",
+        {"body": {"prompt": "x", "temperature": 2.5}},
+        "p.jsonl:1: field 'body.temperature': Input should be less than or equal to 2",
+    ),
+    (
+        "five_stop_strings",
+        {"body": {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}},
+        "p.jsonl:1: field 'body.stop': at most 4 stop strings",
     ),
     (
         "unknown_top_level_field",
@@ -201,7 +218,20 @@ def test_response_records() -> None:
     created = datetime(2025, 1, 2, tzinfo=UTC)
     job = Job(id="abc", model="/m/t", spec={"endpoint": "/v1/chat/completions"})
     done = Item(seq=0, custom_id="r1", status="done")
-    result = Result(output="hi", finish_reason="stop", prompt_tokens=4, new_tokens=2, created_at=created)
+    result = Result(
+        output="hi",
+        finish_reason="stop",
+        mode="draft",
+        prompt_tokens=4,
+        new_tokens=2,
+        target_rounds=2,
+        draft_proposed=5,
+        draft_accepted=3,
+        draft_rejections=1,
+        gamma_mean=2.5,
+        latency_s=0.25,
+        created_at=created,
+    )
     assert response_record(job, done, result) == {
         "id": "batch_req_abc_0",
         "custom_id": "r1",
@@ -212,7 +242,7 @@ def test_response_records() -> None:
                 "id": "chatcmpl-abc-0",
                 "object": "chat.completion",
                 "created": int(created.timestamp()),
-                "model": "/m/t",
+                "model": "t",
                 "choices": [
                     {
                         "index": 0,
@@ -221,7 +251,24 @@ def test_response_records() -> None:
                         "logprobs": None,
                     }
                 ],
-                "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+                "usage": {
+                    "prompt_tokens": 4,
+                    "completion_tokens": 2,
+                    "total_tokens": 6,
+                    "completion_tokens_details": {
+                        "accepted_prediction_tokens": 3,
+                        "rejected_prediction_tokens": 2,
+                    },
+                },
+                "genjob": {
+                    "mode": "draft",
+                    "target_rounds": 2,
+                    "draft_proposed": 5,
+                    "draft_accepted": 3,
+                    "draft_rejections": 1,
+                    "gamma_mean": 2.5,
+                    "latency_s": 0.25,
+                },
             },
         },
         "error": None,
@@ -260,7 +307,4 @@ def test_cli_reports_openai_line_errors(embedded_env: str, tmp_path: Path) -> No
     write_jsonl(tmp_path / "p.jsonl", [json.dumps({"body": {"prompt": "x", "n": 2}})])
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--input-format", "openai"])
     assert result.exit_code == 1
-    assert result.output == (
-        "Error: p.jsonl:1: unknown field 'body.n' "
-        "(allowed: model, prompt, messages, max_tokens, max_completion_tokens)\n"
-    )
+    assert result.output == "Error: p.jsonl:1: field 'body.n': Input should be 1\n"

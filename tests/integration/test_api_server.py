@@ -1,4 +1,4 @@
-"""`genjob api` as a real uvicorn server: local-only mode said loudly, health, a streamed 413, a job."""
+"""`genjob api` as a real server (Granian): local-only mode said loudly, health, a streamed 413, a job."""
 
 from __future__ import annotations
 
@@ -46,6 +46,6 @@ def test_local_only_server(
         )
         assert created.status_code == 201, created.text
         job = httpx.get(f"{base}/v1/jobs/{created.json()['id']}").json()
-        assert (job["status"], job["total"], job["model"]) == ("queued", 1, str(target))
+        assert (job["status"], job["total"], job["model"]) == ("queued", 1, "tiny")
     warning = "no API keys configured (GENJOB_API_KEYS): LOCAL-ONLY MODE, no authentication"
     assert warning in log.read_text()

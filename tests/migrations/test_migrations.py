@@ -28,7 +28,17 @@ def test_upgrade_to_head_and_back(blank_pg: str) -> None:
     db.upgrade(blank_pg)
     assert db.current_revision(blank_pg) == db.head_revision()
     inspector = inspect(db.get_engine(blank_pg))
-    assert set(inspector.get_table_names()) == {"alembic_version", "jobs", "items", "results", "attempts"}
+    assert set(inspector.get_table_names()) == {
+        "alembic_version",
+        "jobs",
+        "items",
+        "results",
+        "attempts",
+        "idempotency_keys",
+        "files",
+        "file_chunks",
+        "batches",
+    }
     assert inspector.get_view_names() == ["job_stats"]
     unique = {tuple(u["column_names"]) for u in inspector.get_unique_constraints("results")}
     assert ("job_id", "item_id") in unique
@@ -69,7 +79,8 @@ def test_operator_view_columns_types_and_comments(blank_pg: str) -> None:
                 """SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
                 JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE n.nspname = 'public' AND a.attnum > 0 AND NOT a.attisdropped
-                AND c.relname IN ('jobs', 'items', 'results', 'attempts', 'job_stats')
+                AND c.relname IN ('jobs', 'items', 'results', 'attempts', 'job_stats', 'idempotency_keys',
+                                  'files', 'file_chunks', 'batches')
                 AND col_description(c.oid, a.attnum) IS NULL"""
             )
         ).all()

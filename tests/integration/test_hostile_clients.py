@@ -1,0 +1,179 @@
+"""`genjob api` holds up to hostile clients: stalled or trickled headers are cut off within the header
+timeout while others are served; a stalled body answers 408; uploads beyond the concurrent cap answer
+503 at once, so the spool on disk stays within max uploads × the size limit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from process_helpers import GENJOB, free_port, running, service_env, wait_for
+
+pytestmark = pytest.mark.integration
+
+KEY = "hostile-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+UPLOAD_LIMIT = 2 << 20  # over the 1 MiB an upload keeps in memory: the rest spools to disk
+
+
+@pytest.fixture
+def api(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[tuple[int, Path, int]]:
+    """A live API with short timeouts, two upload slots and its spool in a folder of its own."""
+    port = free_port()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    env = service_env(
+        pg_url,
+        queue_name,
+        GENJOB_API_KEYS=KEY,
+        GENJOB_API_HEADER_TIMEOUT_S="4",
+        GENJOB_API_BODY_TIMEOUT_S="3",
+        GENJOB_API_MAX_UPLOADS="2",
+        GENJOB_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT),
+        GENJOB_MODELS='{"m": "some/model"}',
+        TMPDIR=str(spool),
+    )
+    with running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log") as process:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5), timeout=60, what="the API")
+        yield port, spool, process.pid
+
+
+def spooled_bytes(pid: int, spool: Path) -> int:
+    """Bytes in the temporary files the API's processes hold open under ``spool`` (they are unlinked
+    at once, so only their open descriptors show them)."""
+    pids, total = [pid], 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            pids += [int(child) for child in (task / "children").read_text().split()]
+    for process in pids:
+        for fd in Path(f"/proc/{process}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith(str(spool)):
+                    total += fd.stat().st_size
+    return total
+
+
+def closed_after(sock: socket.socket, started: float, limit: float) -> float:
+    """Seconds until the server closed ``sock`` (reading whatever it sent first)."""
+    sock.settimeout(limit)
+    try:
+        while sock.recv(4096):
+            pass
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return time.monotonic() - started
+
+
+def test_stalled_and_trickled_headers_are_cut_off_while_others_are_served(api: tuple[int, Path]) -> None:
+    port, _, _ = api
+    started = time.monotonic()
+    stalled = []
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthoriz")  # half a header, then nothing
+        stalled.append(sock)
+    trickle = socket.create_connection(("127.0.0.1", port))
+    stop = threading.Event()
+
+    def drip() -> None:  # a byte a second, never finishing the headers: a slowloris
+        for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 60:
+            if stop.wait(1.0):
+                return
+            try:
+                trickle.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    threading.Thread(target=drip, daemon=True).start()
+    served = 0
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=5) as client:
+        while time.monotonic() - started < 6:  # normal requests keep being answered meanwhile
+            assert client.get("/v1/jobs").status_code == 200
+            served += 1
+    cut = [closed_after(sock, started, 30) for sock in stalled]
+    trickled = closed_after(trickle, started, 30)
+    stop.set()
+    assert served >= 5
+    assert max(cut) < 30 and trickled < 30, (cut, trickled)
+    assert max(cut) < 10 and trickled < 10  # the 4 s header timeout, with room for a busy machine
+
+
+def test_a_stalled_body_answers_408(api: tuple[int, Path]) -> None:
+    port, _, _ = api
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 5000\r\n\r\n--b\r\n"
+    )
+    started = time.monotonic()
+    sock.settimeout(30)
+    answer = b""
+    while chunk := sock.recv(4096):  # the server closes the connection after its answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"GENJOB_API_BODY_TIMEOUT_S" in answer
+    assert time.monotonic() - started < 15
+
+
+def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[int, Path]) -> None:
+    port, spool, pid = api
+    holders = []
+    for _ in range(2):  # two uploads that keep sending, slowly: they hold both slots
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
+            b"Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+        sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+        holders.append(sock)
+    stop = threading.Event()
+
+    def keep_sending() -> None:
+        block = b'{"prompt": "' + b"x" * (64 << 10) + b'"}\n'
+        while not stop.wait(0.1):
+            for sock in holders:
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(block), block))
+
+    threading.Thread(target=keep_sending, daemon=True).start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
+            third = wait_for(
+                lambda: (
+                    (
+                        response := client.post(
+                            "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
+                        )
+                    ).status_code
+                    == 503
+                    and response
+                ),
+                timeout=20,
+                what="a third upload to be refused",
+            )
+            assert third.json()["error"]["code"] == "too_many_uploads"
+            assert third.headers["retry-after"] == "5"
+            peak = 0
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:  # the held uploads grow past the limit and are cut off
+                peak = max(peak, spooled_bytes(pid, spool))
+                time.sleep(0.2)
+            assert 0 < peak <= 2 * (UPLOAD_LIMIT + (64 << 10))
+            assert (
+                client.post(  # the slots are free again once they are cut off
+                    "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
+                ).status_code
+                == 200
+            )
+    finally:
+        stop.set()
+        for sock in holders:
+            sock.close()
