@@ -80,12 +80,9 @@ class Tally:
         return expected_speedup(costs, self.alpha, dict(self.gamma), self.rows_sum / max(self.rounds, 1))
 
 
-def ours(
-    tally: Tally, target, proposer, group, *, batch: int, new: int, costs: CostModel, temperature: float, eos
-) -> None:
-    """Decode one group of (key, prompt) with our engine; add its time, tokens and stats to ``tally``."""
-    k_max = 8 if proposer is not None else 0
-    engine = Engine(target, proposer, max_rows=batch, k_max=k_max, costs=costs)
+def ours(tally: Tally, engine: Engine, group, *, new: int, temperature: float, eos) -> None:
+    """Decode one group of (key, prompt) on ``engine`` (kept across groups, as a worker keeps it
+    across chunks); add its time, tokens and outputs to ``tally``."""
     requests = [
         Request(key=key, input_ids=ids, max_new_tokens=new, temperature=temperature, seed=key, eos_ids=eos)
         for key, ids in group
@@ -95,11 +92,13 @@ def ours(
     tally.seconds += time.perf_counter() - started
     tally.tokens += sum(len(t) for t in results.values())
     tally.outputs.update(results)
+
+
+def absorb(tally: Tally, engine: Engine) -> None:
+    """The engine's statistics over every group it decoded."""
     stats = engine.stats
-    tally.accepted += stats.accepted
-    tally.rejections += stats.rejections
-    tally.rounds += stats.rounds
-    tally.rows_sum += stats.rows_sum
+    tally.accepted, tally.rejections = stats.accepted, stats.rejections
+    tally.rounds, tally.rows_sum = stats.rounds, stats.rows_sum
     tally.gamma.update(stats.gamma_hist)
     tally.engine = True
 
@@ -200,16 +199,28 @@ def main() -> None:
         if batch == 1:
             modes.append("hf assisted generate")
         runs = {mode: Tally() for mode in modes}
-        common = {"batch": batch, "new": args.new, "costs": costs, "eos": eos}
+        proposers = {
+            "plain": None,
+            "draft": DraftModel(draft),
+            "prompt lookup": PromptLookup(),
+            f"plain {sampled}": None,
+            f"draft {sampled}": DraftModel(draft),
+        }
+        engines = {
+            mode: Engine(
+                target, proposer, max_rows=batch, k_max=8 if proposer is not None else 0, costs=costs
+            )
+            for mode, proposer in proposers.items()
+        }
         for group in groups:
-            ours(runs["plain"], target, None, group, temperature=0, **common)
-            ours(runs["draft"], target, DraftModel(draft), group, temperature=0, **common)
-            ours(runs["prompt lookup"], target, PromptLookup(), group, temperature=0, **common)
-            ours(runs[f"plain {sampled}"], target, None, group, temperature=t, **common)
-            ours(runs[f"draft {sampled}"], target, DraftModel(draft), group, temperature=t, **common)
+            for mode, engine in engines.items():
+                temperature = t if sampled in mode else 0
+                ours(runs[mode], engine, group, new=args.new, temperature=temperature, eos=eos)
             hf_plain(runs["hf plain generate"], target, group, new=args.new, pad=pad)
             if batch == 1:
                 hf_assisted(runs["hf assisted generate"], target, draft, group, new=args.new, pad=pad)
+        for mode, engine in engines.items():
+            absorb(runs[mode], engine)
         greedy_plain, sampled_plain = runs["plain"], runs[f"plain {sampled}"]
         for mode, run in runs.items():
             base = sampled_plain if sampled in mode else greedy_plain

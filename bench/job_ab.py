@@ -44,7 +44,7 @@ def run_job(
         "--batch-size",
         str(batch),
         "--chunk-size",
-        "100000",
+        "10000",
         "--wait",
     ]
     argv += ["--mode", "none"] if mode == "none" else ["-a", str(ROOT / "models/demo/draft")]

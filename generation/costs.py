@@ -6,7 +6,8 @@ step, in several interleaved passes keeping each point's fastest time (a busy ma
 time, so a point dearer than a larger one takes the larger one's); between grid points it interpolates
 linearly. Live rounds keep it honest: a round also costs the host's own work (proposals, acceptance,
 bookkeeping), which the forwards alone do not show, so each observed round moves an additive residual
-per draft length (an exponential average of measured − predicted); a k not yet run borrows k = 0's.
+per draft length (measured − predicted, followed quickly downwards and slowly upwards, since noise only
+adds time); a k not yet run borrows k = 0's.
 
 Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room for m_i(k) drafts
 yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
@@ -33,7 +34,11 @@ from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
 
-LIVE_WEIGHT = 0.1  # weight of a new observation in the live residual
+# The live residual follows a round that ran faster than it at once and a slower one only slowly: a
+# busy host only ever adds time, so one stalled round must not make a draft length look dear for long
+# (a k that looks dear is seldom run again, so its residual would stay high), while a lasting rise
+# still shows within a few dozen rounds.
+LIVE_DOWN, LIVE_UP = 0.3, 0.03
 SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
 
 
@@ -74,10 +79,14 @@ class CostModel:
         return max(predicted + self.residual.get(k, self.residual.get(0, 0.0)), 0.5 * predicted)
 
     def observe(self, batch: int, k: int, seconds: float) -> None:
-        """A live round took ``seconds``: move k's residual towards measured − predicted."""
+        """A live round took ``seconds``: move k's residual towards measured − predicted (a k seen for
+        the first time starts from k = 0's)."""
         gap = seconds - self.predicted(batch, k)
-        old = self.residual.get(k)
-        self.residual[k] = gap if old is None else (1 - LIVE_WEIGHT) * old + LIVE_WEIGHT * gap
+        old = self.residual.get(k, self.residual.get(0))
+        if old is None:
+            self.residual[k] = gap
+            return
+        self.residual[k] = old + (LIVE_UP if gap > old else LIVE_DOWN) * (gap - old)
 
     def at_batch(self, batch: float, ks: Sequence[int]) -> dict[str, object]:
         """The costs at one batch size (ms): a plain step, a draft step, a verification of k+1 tokens."""
