@@ -62,6 +62,9 @@ class CostModel:
     draft: dict[int, float]
     context: int
     residual: dict[int, float] = field(default_factory=dict)  # live: measured − predicted seconds, by k
+    # What measuring took: in all, and on the points plain decoding needs too (q = 1, no draft).
+    measure_seconds: float = 0.0
+    plain_measure_seconds: float = 0.0
 
     def verify_seconds(self, batch: int, q: int) -> float:
         by_batch = [_interpolate(self.query_lengths, self.verify[b], q) for b in self.batch_sizes]
@@ -126,6 +129,7 @@ class CostModel:
         batches = [1]
         while batches[-1] < max_batch:
             batches.append(min(2 * batches[-1], max_batch))
+        started, plain_seconds = time.perf_counter(), 0.0
         timers = {b: _Timer(target, draft, b, queries[-1], context) for b in batches}
         verify = {b: [float("inf")] * len(queries) for b in batches}
         drafts = {b: float("inf") if draft is not None else 0.0 for b in batches}
@@ -135,7 +139,10 @@ class CostModel:
                     continue
                 timer = timers[b]
                 for i, q in enumerate(queries):
+                    point = time.perf_counter()
                     seconds = timer.target(q)
+                    if i == 0:
+                        plain_seconds += time.perf_counter() - point
                     verify[b][i] = min(verify[b][i], seconds) if number else verify[b][i]
                 if draft is not None:
                     drafts[b] = min(drafts[b], timer.draft()) if number else drafts[b]
@@ -152,6 +159,8 @@ class CostModel:
             verify[smaller] = [min(a, c) for a, c in zip(verify[smaller], verify[larger], strict=True)]
             drafts[smaller] = min(drafts[smaller], drafts[larger])
         model = cls(batches, queries, verify, drafts, context)
+        model.measure_seconds = time.perf_counter() - started
+        model.plain_measure_seconds = plain_seconds
         log.info("cost model: %s", model.as_dict())
         return model
 

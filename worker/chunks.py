@@ -94,14 +94,16 @@ def _open_chunk(
 
 
 def measurements(
-    stats: EngineStats, *, busy_seconds: float, draft_tokens: int | None
+    stats: EngineStats, *, busy_seconds: float, draft_tokens: int | None, setup_extra_s: float = 0.0
 ) -> store.ChunkMeasurements:
+    """A chunk's sums for the job. ``setup_extra_s`` (measuring costs for speculation beyond what plain
+    decoding measures) counts as decoding time: plain decoding would not have spent it."""
     return store.ChunkMeasurements(
         busy_seconds=busy_seconds,
         decode_rounds=stats.rounds,
         decode_rows=stats.rows_sum,
         decode_tokens=stats.tokens,
-        decode_seconds=stats.seconds,
+        decode_seconds=stats.seconds + setup_extra_s,
         probe_rounds=stats.probe_rounds,
         probe_tokens=stats.probe_tokens,
         probe_seconds=stats.probe_seconds,
@@ -204,7 +206,12 @@ def process_chunk(
         if engine is not None:
             busy = time.perf_counter() - started
             k = engine.k if engine.proposer is not None else None
-            measured = measurements(engine.stats.take(), busy_seconds=busy, draft_tokens=k)
+            measured = measurements(
+                engine.stats.take(),
+                busy_seconds=busy,
+                draft_tokens=k,
+                setup_extra_s=runner.take_setup_extra() if isinstance(runner, JobRunner) else 0.0,
+            )
     tx(
         _close_chunk,
         job_id=job_id,
