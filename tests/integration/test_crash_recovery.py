@@ -21,7 +21,6 @@ from process_helpers import free_port
 from sqlalchemy import create_engine, text
 from worker_processes import (
     FAST_RECOVERY,
-    WorkerProcess,
     exactly_once_report,
     job_row,
     prompts_file,
@@ -35,20 +34,6 @@ from worker_processes import (
 from genjob.worker.sweeper import broker_mark_key
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator:
-    started: list[WorkerProcess] = []
-
-    def start(name: str, env: dict[str, str]) -> WorkerProcess:
-        worker = WorkerProcess(name, env, tmp_path / f"{name}.log")
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def assert_exactly_once(pg_url: str, job_id: str, items: int) -> dict[str, int]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from sqlalchemy import select, text, update
 from worker_processes import (
     FAST_RECOVERY,
     SCRIPTED_GENJOB,
-    WorkerProcess,
     exactly_once_report,
     job_row,
     prompts_file,
@@ -41,20 +39,6 @@ from genjob.submit import store_job
 from genjob.tables import Attempt, Item, Job, utcnow
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator:
-    started: list[WorkerProcess] = []
-
-    def start(name: str, env: dict[str, str]) -> WorkerProcess:
-        worker = WorkerProcess(name, env, tmp_path / f"{name}.log")
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def assert_exactly_once(pg_url: str, job_id: str, items: int) -> None:
