@@ -7,6 +7,7 @@ and each item decides its own behaviour:
   ``poison``             always raise
   ``poison-while=PATH``  raise while the file PATH exists (then a retry succeeds)
   ``pid-file=PATH``      write this process's pid to PATH before working (to kill it there)
+  ``hold-while=PATH``    wait while the file PATH exists (a job that cannot end before the test lets it)
 
 With no directive an item takes no time at all (the no-op engine of the pipeline benchmarks).
 Each step finishes every row it holds (up to the batch size), through the same item loop as the real
@@ -31,7 +32,7 @@ from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
 
-DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file)=(\S+)|\b(poison)\b")
+DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while)=(\S+)|\b(poison)\b")
 
 
 class PoisonError(RuntimeError):
@@ -78,6 +79,8 @@ class ScriptedEngine:
                     Path(value).write_text(str(os.getpid()))
                 if key == "sleep":
                     time.sleep(float(value))
+                while key == "hold-while" and Path(value).exists():
+                    time.sleep(0.05)
         finished = []
         seconds = time.perf_counter() - started
         for request in rows:

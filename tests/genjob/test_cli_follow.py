@@ -122,7 +122,12 @@ def test_commands_that_need_no_model_import_no_torch(embedded_env: str, args: li
 
 
 def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp_path: Path) -> None:
-    prompts = [json.dumps({"prompt": f"item {i} sleep=0.2"}) for i in range(15)]
+    gate = tmp_path / "gate"  # items after the first two wait while it exists: Ctrl-C lands mid-job
+    gate.touch()
+    prompts = [
+        json.dumps({"prompt": f"item {i} sleep=0.2" if i < 2 else f"item {i} hold-while={gate}"})
+        for i in range(15)
+    ]
     write_jsonl(tmp_path / "p.jsonl", prompts)
     env = {
         **os.environ,
@@ -162,6 +167,7 @@ def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp
     with session_scope(embedded_env) as session:
         assert session.get(Job, job_id).status == "running"
 
+    gate.unlink()
     resumed = subprocess.run(
         [*SCRIPTED_GENJOB, "requeue", job_id],
         cwd=tmp_path,
