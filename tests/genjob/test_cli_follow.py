@@ -145,6 +145,8 @@ def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # An earlier test's library may leave SIGINT ignored in this process, which a child inherits.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     job_id = process.stdout.readline().strip()
 
