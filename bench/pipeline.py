@@ -31,7 +31,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from genjob import db
-from genjob.queueing import PRIORITY_SEPARATOR
+from genjob.queueing import queue_keys
 from genjob.worker.sweeper import broker_mark_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def main() -> None:
             os.killpg(worker.pid, 15)
         for worker in workers:
             worker.wait(timeout=60)
-        broker.delete(queue, *(f"{queue}{PRIORITY_SEPARATOR}{level}" for level in (3, 6, 9)))
+        broker.delete(*queue_keys(queue))
         db.get_engine.cache_clear()
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -177,6 +177,11 @@ def publish_pending(
 PRIORITY_SEPARATOR = "\x06\x16"  # kombu's Redis transport keeps priority levels in lists `queue␆␖N`
 
 
+def queue_keys(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's messages: the queue and its priority levels 3, 6, 9."""
+    return [queue, *(f"{queue}{PRIORITY_SEPARATOR}{level}" for level in (3, 6, 9))]
+
+
 def queue_depths(broker_url: str, queues: Iterable[str]) -> dict[str, int]:
     """Task messages waiting in each queue (Redis brokers; empty for others or when it is down)."""
     if not broker_url.startswith(("redis://", "rediss://")):
@@ -187,9 +192,8 @@ def queue_depths(broker_url: str, queues: Iterable[str]) -> dict[str, int]:
     try:
         depths = {}
         for queue in sorted(set(queues)):
-            keys = [queue, *(f"{queue}{PRIORITY_SEPARATOR}{level}" for level in (3, 6, 9))]
             pipe = client.pipeline()
-            for key in keys:
+            for key in queue_keys(queue):
                 pipe.llen(key)
             depths[queue] = sum(pipe.execute())
         return depths

@@ -87,10 +87,9 @@ def delete_queue(name: str) -> None:
     """A queue and its priority lists (kombu keeps levels 3, 6, 9 in ``name␆␖N``)."""
     import redis
 
-    from genjob.queueing import PRIORITY_SEPARATOR
+    from genjob.queueing import queue_keys
 
-    keys = [name, *(f"{name}{PRIORITY_SEPARATOR}{level}" for level in (3, 6, 9))]
-    redis.Redis.from_url(REDIS_URL).delete(*keys)
+    redis.Redis.from_url(REDIS_URL).delete(*queue_keys(name))
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from genjob.store.items import (
 from genjob.store.jobs import (
     ChunkMeasurements,
     JobNotFound,
-    batched,
     cancel_job,
     create_job,
     expire_due_jobs,
@@ -47,7 +46,6 @@ __all__ = [
     "ClaimedItem",
     "JobNotFound",
     "Refused",
-    "batched",
     "cancel_job",
     "claim_items",
     "count_a_try_and_let_go",

@@ -12,8 +12,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import islice
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -33,20 +32,11 @@ from genjob.tables import LOCAL_OWNER, Item, Job, Result, utcnow
 if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
     from genjob.formats.lines import PromptItem
 
-T = TypeVar("T")
-
 
 class JobNotFound(LookupError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job {job_id!r}")
         self.job_id = job_id
-
-
-def batched(iterable: Iterable[T], size: int) -> Iterator[tuple[T, ...]]:
-    """itertools.batched (Python 3.12) for 3.11."""
-    iterator = iter(iterable)
-    while batch := tuple(islice(iterator, size)):
-        yield batch
 
 
 def new_job_id() -> str:
