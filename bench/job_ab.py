@@ -5,7 +5,11 @@ database, one torch thread) at the same batch size; the truth is the plain job's
 (started → finished) over the draft job's. The draft job's own ``measured speedup`` (from its probe
 rounds) must land within ±20 % of it. Runs alternate plain / draft, so drift hits both alike.
 
-    taskset -c 1 .venv/bin/python bench/job_ab.py [--n 64] [--new 64] [--batches 1,8,32] [--repeats 2]
+Workers keep the forward costs they measured (GENJOB_COST_CACHE_DIR, here a scratch directory): by
+default each batch size starts with ``genjob calibrate`` as an operator would, so the jobs compare
+decoding; ``--cold`` skips it, and the first draft job at each batch size pays the measurement.
+
+    taskset -c 1 .venv/bin/python bench/job_ab.py [--n 64] [--new 64] [--batches 1,8] [--repeats 2] [--cold]
 """
 
 from __future__ import annotations
@@ -27,12 +31,36 @@ GENJOB = str(Path(sys.executable).with_name("genjob"))
 HELD_OUT = ROOT / "bench" / "prompts" / "heldout.jsonl"
 
 
+def job_env(database: str, costs: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
+    env.update(
+        GENJOB_DATABASE_URL=database,
+        GENJOB_COST_CACHE_DIR=costs,
+        GENJOB_TORCH_THREADS="1",
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+def calibrate(*, batch: int, database: str, costs: str) -> str:
+    """``genjob calibrate`` for the draft job at this batch size; its last line (measured, kept or not)."""
+    argv = [
+        GENJOB,
+        "calibrate",
+        "-m",
+        str(ROOT / "models/demo/target"),
+        "-a",
+        str(ROOT / "models/demo/draft"),
+    ]
+    argv += ["--batch-size", str(batch)]
+    done = subprocess.run(argv, env=job_env(database, costs), capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()[-1]
+
+
 def run_job(
-    prompts: Path, *, mode: str, batch: int, new: int, database: str
+    prompts: Path, *, mode: str, batch: int, new: int, database: str, costs: str
 ) -> tuple[float, float | None, str]:
     """(elapsed seconds, reported measured speedup, job id) of one embedded job."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
-    env.update(GENJOB_DATABASE_URL=database, GENJOB_TORCH_THREADS="1", OMP_NUM_THREADS="1")
     argv = [
         GENJOB,
         "submit",
@@ -48,7 +76,7 @@ def run_job(
         "--wait",
     ]
     argv += ["--mode", "none"] if mode == "none" else ["-a", str(ROOT / "models/demo/draft")]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(argv, env=job_env(database, costs), capture_output=True, text=True, check=True)
     job_id = done.stdout.split()[0]
     with session_scope(database) as session:
         job = session.get_one(Job, job_id)
@@ -66,22 +94,30 @@ def main() -> int:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cold", action="store_true", help="no genjob calibrate before each batch size")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         lines = [json.loads(line) for line in args.prompts.read_text(encoding="utf-8").splitlines()]
         short = [{"prompt": line["prompt"]} for line in lines if len(line["prompt"]) < 600][: args.n]
         prompts = Path(scratch) / "prompts.jsonl"
         prompts.write_text("".join(json.dumps(line) + "\n" for line in short))
-        database = f"sqlite:///{scratch}/ab.db"
-        print(f"# {len(short)} prompts, {args.new} new tokens, embedded jobs, 1 torch thread")
+        database, costs = f"sqlite:///{scratch}/ab.db", f"{scratch}/costs"
+        warmth = "cold workers" if args.cold else "workers calibrated first"
+        print(f"# {len(short)} prompts, {args.new} new tokens, embedded jobs, 1 torch thread, {warmth}")
         print("| B | plain job s | draft job s | job-to-job speedup | reported measured | reported / truth |")
         print("|---|---|---|---|---|---|")
         worst = 0.0
         for batch in [int(b) for b in args.batches.split(",")]:
+            if not args.cold:
+                print(
+                    f"# B={batch}: genjob calibrate: {calibrate(batch=batch, database=database, costs=costs)}"
+                )
             for _ in range(args.repeats):
-                plain, _, _ = run_job(prompts, mode="none", batch=batch, new=args.new, database=database)
+                plain, _, _ = run_job(
+                    prompts, mode="none", batch=batch, new=args.new, database=database, costs=costs
+                )
                 spec, reported, _ = run_job(
-                    prompts, mode="draft", batch=batch, new=args.new, database=database
+                    prompts, mode="draft", batch=batch, new=args.new, database=database, costs=costs
                 )
                 truth = plain / spec
                 ratio = (reported or 0) / truth

@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 # still shows within a few dozen rounds.
 LIVE_DOWN, LIVE_UP = 0.3, 0.03
 SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
+STEADY_TOLERANCE = 0.10  # a measurement is steady when most points' two best passes agree this closely
 
 
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
@@ -65,6 +67,9 @@ class CostModel:
     # What measuring took: in all, and on the points plain decoding needs too (q = 1, no draft).
     measure_seconds: float = 0.0
     plain_measure_seconds: float = 0.0
+    # Whether the passes agreed (``_steady``): a measurement taken while the machine was busy is worth
+    # using for this process, not worth keeping for others (``worker/cost_cache``).
+    steady: bool = True
 
     def verify_seconds(self, batch: int, q: int) -> float:
         by_batch = [_interpolate(self.query_lengths, self.verify[b], q) for b in self.batch_sizes]
@@ -111,6 +116,27 @@ class CostModel:
             "draft_step_ms": {str(b): round(self.draft[b] * 1e3, 4) for b in self.batch_sizes},
         }
 
+    def to_json(self) -> dict[str, object]:
+        """The measured grid in seconds, unrounded, for ``from_json`` (the live residual is not kept)."""
+        return {
+            "batch_sizes": self.batch_sizes,
+            "query_lengths": self.query_lengths,
+            "verify": {str(b): self.verify[b] for b in self.batch_sizes},
+            "draft": {str(b): self.draft[b] for b in self.batch_sizes},
+            "context": self.context,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostModel:
+        """A grid ``to_json`` wrote: nothing measured in this process (``measure_seconds`` 0)."""
+        batches = [int(b) for b in data["batch_sizes"]]
+        queries = [int(q) for q in data["query_lengths"]]
+        verify = {b: [float(s) for s in data["verify"][str(b)]] for b in batches}
+        if any(len(row) != len(queries) for row in verify.values()):
+            raise ValueError("a verify row's length differs from the query lengths")
+        draft = {b: float(data["draft"][str(b)]) for b in batches}
+        return cls(batches, queries, verify, draft, int(data["context"]))
+
     @classmethod
     def measure(
         cls,
@@ -133,6 +159,7 @@ class CostModel:
         timers = {b: _Timer(target, draft, b, queries[-1], context) for b in batches}
         verify = {b: [float("inf")] * len(queries) for b in batches}
         drafts = {b: float("inf") if draft is not None else 0.0 for b in batches}
+        kept: dict[tuple[int, int], list[float]] = {}  # each target point's times, one per kept pass
         for number in range(passes + 1):  # pass 0 warms every shape up and is not kept
             for b in list(timers):
                 if b not in timers:
@@ -143,7 +170,9 @@ class CostModel:
                     seconds = timer.target(q)
                     if i == 0:
                         plain_seconds += time.perf_counter() - point
-                    verify[b][i] = min(verify[b][i], seconds) if number else verify[b][i]
+                    if number:
+                        verify[b][i] = min(verify[b][i], seconds)
+                        kept.setdefault((b, i), []).append(seconds)
                 if draft is not None:
                     drafts[b] = min(drafts[b], timer.draft()) if number else drafts[b]
                 if number == 0 and seconds > SLOW_FORWARD_S:  # too slow to be worth batching further
@@ -159,10 +188,18 @@ class CostModel:
             verify[smaller] = [min(a, c) for a, c in zip(verify[smaller], verify[larger], strict=True)]
             drafts[smaller] = min(drafts[smaller], drafts[larger])
         model = cls(batches, queries, verify, drafts, context)
+        model.steady = _steady([times for (b, _), times in kept.items() if b in verify])
         model.measure_seconds = time.perf_counter() - started
         model.plain_measure_seconds = plain_seconds
         log.info("cost model: %s", model.as_dict())
         return model
+
+
+def _steady(times_per_point: list[list[float]]) -> bool:
+    """Whether, at most points, the two fastest passes lie within ``STEADY_TOLERANCE`` of each other: a
+    machine that other work keeps busy makes the passes disagree."""
+    gaps = sorted(sorted(times)[1] / sorted(times)[0] for times in times_per_point if len(times) > 1)
+    return not gaps or gaps[len(gaps) // 2] <= 1 + STEADY_TOLERANCE
 
 
 class _Timer:

@@ -101,6 +101,12 @@ class Settings(BaseSettings):
         "(unset: only the batch size bounds them).",
     )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
+    cost_cache_dir: str | None = Field(
+        default="~/.cache/genjob/costs",
+        description="Where workers keep the forward costs they measured, per model pair, batch size, device, "
+        "dtype and torch version, so a new process need not measure them again (empty: measure in every "
+        "process).",
+    )
     # The HTTP API (``genjob api``).
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),

@@ -7,6 +7,8 @@ one machine never see each other's jobs.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,8 @@ PG_ADMIN_URL = os.environ.get(
     "GENJOB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("GENJOB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Measured forward costs, shared by the suite's processes (workers included) and removed after it.
+COST_CACHE_DIR = Path(tempfile.gettempdir()) / f"genjob-test-costs-{os.getpid()}"
 
 
 def _pg_url(name: str) -> str:
@@ -56,9 +60,16 @@ def clean_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for key in list(os.environ):
         if key.startswith("GENJOB_") and not key.startswith("GENJOB_TEST_"):
             monkeypatch.delenv(key)
+    monkeypatch.setenv("GENJOB_COST_CACHE_DIR", str(COST_CACHE_DIR))  # not the user's ~/.cache
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cost_cache_dir() -> Iterator[Path]:
+    yield COST_CACHE_DIR
+    shutil.rmtree(COST_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

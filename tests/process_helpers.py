@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
-from conftest import REDIS_URL
+from conftest import COST_CACHE_DIR, REDIS_URL
 
 GENJOB = str(Path(sys.executable).with_name("genjob"))
 T = TypeVar("T")
@@ -27,6 +27,7 @@ def service_env(pg_url: str, queue: str, **extra: str) -> dict[str, str]:
         GENJOB_BROKER_URL=REDIS_URL,
         GENJOB_QUEUE=queue,
         GENJOB_TORCH_THREADS="1",
+        GENJOB_COST_CACHE_DIR=str(COST_CACHE_DIR),
         PYTHONUNBUFFERED="1",
         **extra,
     )

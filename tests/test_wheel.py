@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import create_pg_database, drop_pg_database, write_jsonl
+from conftest import COST_CACHE_DIR, create_pg_database, drop_pg_database, write_jsonl
 
 pytestmark = pytest.mark.wheel
 
@@ -58,7 +58,12 @@ def clean_copy(destination: Path) -> Path:
 def base_env() -> dict[str, str]:
     drop = ("GENJOB_", "PYTHON", "VIRTUAL_ENV", "PIP_")
     env = {key: value for key, value in os.environ.items() if not key.startswith(drop)}
-    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", GENJOB_TORCH_THREADS="1")
+    env.update(
+        PIP_NO_INDEX="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        GENJOB_TORCH_THREADS="1",
+        GENJOB_COST_CACHE_DIR=str(COST_CACHE_DIR),
+    )
     return env
 
 

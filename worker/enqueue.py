@@ -29,11 +29,9 @@ def enqueue_job(settings: Settings, *, job_id: str, chunk_size: int, everything:
         )
     from genjob.worker.chunks import process_chunk
     from genjob.worker.leasing import worker_name
+    from genjob.worker.runners import set_torch_threads
 
-    if settings.torch_threads:
-        import torch
-
-        torch.set_num_threads(settings.torch_threads)
+    set_torch_threads(settings)
 
     with session_scope(settings.database_url) as session:
         leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=settings.max_attempts)

@@ -2,7 +2,8 @@
 
 Turns the job's options into the engine's (proposer, γ bounds, probe rounds, batch size) and an item
 into a ``Request`` (encoding the prompt and checking the model's context). The costs of the device
-are measured once per model pair and batch size in this process. Must not know: Celery, the store's SQL.
+are measured once per model pair and batch size, kept in this process and on disk (``cost_cache``).
+Must not know: Celery, the store's SQL.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import lru_cache
 from threading import Lock
 from typing import Any
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from genjob.constants import DecodingMode, DraftSchedule
@@ -29,6 +31,7 @@ from genjob.generation.requests import Request, StopCheck
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
+from genjob.worker.cost_cache import load_or_measure
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +84,20 @@ PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
 
 @lru_cache(maxsize=8)
 def measured_costs(
-    target: str, draft: str | None, device: str, dtype: str, batch: int, k_max: int
+    target: str, draft: str | None, device: str, dtype: str, batch: int, k_max: int, cache_dir: str | None
 ) -> CostModel:
-    """The device's costs for this pair, measured once per process (a few forwards per grid point)."""
+    """The device's costs for this pair: kept once per process, and on disk in ``cache_dir`` across
+    processes (``cost_cache``); measured (a few forwards per grid point) only where neither has them."""
     draft_model = load_model(draft, device, dtype) if draft is not None else None
-    return CostModel.measure(
-        load_model(target, device, dtype), draft_model, max_batch=batch, max_query=k_max + 1
+    return load_or_measure(
+        cache_dir, load_model(target, device, dtype), draft_model, max_batch=batch, max_query=k_max + 1
     )
+
+
+def set_torch_threads(settings: Settings) -> None:
+    """GENJOB_TORCH_THREADS for this process's torch (unset: torch's own default)."""
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
 
 
 def suggested_batch_size(costs: CostModel) -> int:
@@ -142,16 +152,16 @@ class JobRunner:
         k_max = gamma if proposer is not None else 0
         batch = batch_size_for(spec, settings)
         if batch is None:
-            plain = measured_costs(
-                spec.model, None, device, dtype, LARGEST_PROBED_BATCH, 0
-            )  # one-token steps
+            plain = measured_costs(  # one-token steps
+                spec.model, None, device, dtype, LARGEST_PROBED_BATCH, 0, settings.cost_cache_dir
+            )
             batch = suggested_batch_size(plain)
         probe_every = (
             round(1 / spec.baseline_fraction) if proposer is not None and spec.baseline_fraction else 0
         )
         misses = measured_costs.cache_info().misses
-        costs = measured_costs(spec.model, draft, device, dtype, batch, k_max)
-        fresh = measured_costs.cache_info().misses > misses
+        costs = measured_costs(spec.model, draft, device, dtype, batch, k_max, settings.cost_cache_dir)
+        fresh = measured_costs.cache_info().misses > misses  # (measure_seconds is 0 when read from disk)
         extra = costs.measure_seconds - costs.plain_measure_seconds if fresh and proposer else 0.0
         engine = Engine(
             target,

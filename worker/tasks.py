@@ -37,10 +37,9 @@ def register_tasks(app: Celery) -> None:
 
     @worker_process_init.connect(weak=False)
     def _limit_threads(**_kwargs) -> None:
-        if settings.torch_threads:
-            import torch
+        from genjob.worker.runners import set_torch_threads
 
-            torch.set_num_threads(settings.torch_threads)
+        set_torch_threads(settings)
 
     # shared=False: a task of one app (its settings) must never be lent to another app.
     @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False)

@@ -1,10 +1,14 @@
-"""Operator commands: database migrations and the worker process."""
+"""Operator commands: database migrations, the worker process and measuring a worker's forward costs."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
 from genjob import db
+from genjob.catalog import JobOptionsError, job_spec, parse_job_options
+from genjob.cli.options import job_options, option_values
 from genjob.settings import get_settings
 
 
@@ -113,4 +117,46 @@ def _serve_metrics(port: int) -> None:
         raise click.ClickException(f"cannot serve metrics on port {port}: {exc.strerror}") from exc
 
 
-COMMANDS = (db_group, worker)
+@click.command()
+@job_options()
+def calibrate(**values: Any) -> None:
+    """Measure this machine's forward costs for a job's models, batch size and draft length, and keep
+    them (GENJOB_COST_CACHE_DIR) for the jobs and workers that follow.
+
+    Takes submit's job options. A job whose worker has not measured them yet
+    counts the measurement (seconds to minutes on a CPU) as its own decoding
+    time, so a short job's measured speedup can read below 1x; run this once per
+    machine, models and batch size first, with the workers' GENJOB_DEVICE,
+    GENJOB_DTYPE and GENJOB_TORCH_THREADS.
+    """
+    settings = get_settings()
+    try:
+        spec = job_spec(settings, parse_job_options(option_values(values)), allow_paths=True)
+    except JobOptionsError as exc:
+        raise click.ClickException(f"invalid job options: {exc}") from exc
+    import time
+
+    from genjob.worker.runners import JobRunner, set_torch_threads
+
+    set_torch_threads(settings)
+    started = time.perf_counter()
+    runner = JobRunner.build(spec, settings=settings)
+    costs, batch = runner.engine.costs, runner.batch_size
+    took = time.perf_counter() - started
+    line = costs.at_batch(batch, range(runner.engine.k_max + 1))
+    verify = ", ".join(f"{int(k) + 1}: {ms:.2f}" for k, ms in line["verify_ms"].items())  # type: ignore[attr-defined]
+    click.echo(
+        f"batch size {batch}: plain step {line['plain_ms']:.2f} ms, draft step {line['draft_step_ms']:.2f} ms"
+    )
+    click.echo(f"verification of q tokens per row (ms), q {verify}")
+    if not settings.cost_cache_dir:
+        kept = "not kept (GENJOB_COST_CACHE_DIR is empty)"
+    elif not costs.steady:
+        kept = "not kept: the machine was busy (the timing passes disagreed); run it again when quieter"
+    else:
+        kept = f"kept in {settings.cost_cache_dir}"
+    how = "measured" if costs.measure_seconds else "read"
+    click.echo(f"{how} in {took:.1f} s (loading the models included); {kept}")
+
+
+COMMANDS = (db_group, worker, calibrate)

@@ -251,3 +251,38 @@ def test_a_misspelt_model_name_suggests_the_listed_one(env: str, tmp_path: Path,
         "Error: invalid job options: unknown model 'demoo': did you mean 'demo'? (GENJOB_MODELS lists: demo; "
         "or give a path or hub id that exists)\n",
     )
+
+
+def test_calibrate_measures_once_and_keeps_it(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from genjob.generation import costs
+    from genjob.worker import runners
+
+    monkeypatch.setattr(costs, "STEADY_TOLERANCE", float("inf"))  # the suite's machine may be busy
+    monkeypatch.setenv("GENJOB_COST_CACHE_DIR", str(tmp_path / "costs"))
+    target, draft = tiny_pair
+    args = ("calibrate", "-m", str(target), "-a", str(draft), "--batch-size", "2", "--draft-tokens", "3")
+    runners.measured_costs.cache_clear()
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    lines = first.output.splitlines()
+    assert re.fullmatch(r"batch size 2: plain step [\d.]+ ms, draft step [\d.]+ ms", lines[0])
+    assert re.fullmatch(
+        r"verification of q tokens per row \(ms\), q 1: [\d.]+, 2: [\d.]+, 3: [\d.]+, 4: [\d.]+", lines[1]
+    )
+    assert re.fullmatch(
+        rf"measured in [\d.]+ s \(loading the models included\); kept in {tmp_path}/costs", lines[2]
+    )
+    runners.measured_costs.cache_clear()  # as a worker process started later
+    second = invoke(*args)
+    assert second.exit_code == 0, second.output
+    assert second.output.splitlines()[:2] == lines[:2]
+    assert second.output.splitlines()[2].startswith("read in ")
+
+
+def test_calibrate_refuses_bad_options_in_one_line() -> None:
+    result = invoke("calibrate", "-m", "m", "--mode", "draft")
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: invalid job options: ")
+    assert len(result.output.splitlines()) == 1
