@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # still shows within a few dozen rounds.
 LIVE_DOWN, LIVE_UP = 0.3, 0.03
 SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
-STEADY_TOLERANCE = 0.10  # a measurement is steady when most points' two best passes agree this closely
+STEADY_TOLERANCE = 0.15  # a measurement is steady when most points' two best passes agree this closely
 
 
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
