@@ -3,12 +3,13 @@
 Measuring the cost grid (``CostModel.measure``) takes seconds to minutes on a CPU, and a job pays it as
 decoding time (its measured speedup stays honest); a worker that restarts, or an embedded ``genjob
 submit`` run after another, would pay it every time. Each measurement is stored as JSON under
-``GENJOB_COST_CACHE_DIR``, named by a hash of everything it depends on: each model's name, config and
-weight files (their sizes and times), the batch size and draft length it covers, the device's name, the
-dtype, torch's version and its thread count; only a steady measurement is kept (its passes agreed: one
-taken while other work kept the machine busy would mislead later processes). A stored measurement
-older than ``MAX_AGE_S`` is measured again; live rounds correct what drifts between (the residual in
-``CostModel``). An unreadable file is measured again and replaced; writes are atomic.
+``GENJOB_COST_CACHE_DIR``, named by a hash of everything it depends on (each model's name, config and
+weight files (their sizes and times), the device's name, the dtype, torch's version and its thread
+count) and by the largest batch size and query length it covers, so one grid serves every job within
+it. Only a steady measurement is kept (its passes agreed: one taken while other work kept the machine
+busy would mislead later processes). A stored measurement older than ``MAX_AGE_S`` is measured again;
+live rounds correct what drifts between (the residual in ``CostModel``). An unreadable file is
+measured again and replaced; writes are atomic.
 Must not know: Celery, the database, the core's store.
 """
 
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import platform
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -43,45 +45,48 @@ def load_or_measure(
     max_batch: int,
     max_query: int,
 ) -> CostModel:
-    """The stored measurement for this pair, batch and draft length on this device, else a new one
-    (stored). ``directory`` empty or None: always measure."""
-    path = _path(directory, target, draft, max_batch=max_batch, max_query=max_query)
-    if path is not None:
+    """A stored measurement of this pair on this device covering ``max_batch`` and ``max_query`` (the
+    smallest such grid: one measured for B ≤ 64 and q ≤ 9 serves every job within them), else a new
+    one, stored. ``directory`` empty or None: always measure."""
+    if not directory:
+        return CostModel.measure(target, draft, max_batch=max_batch, max_query=max_query)
+    folder, stem = Path(directory).expanduser(), _identity(target, draft)
+    for path in _covering(folder, stem, max_batch=max_batch, max_query=max_query):
         costs = _read(path)
         if costs is not None:
             log.info("cost model: reusing %s (measured %s ago)", path, _age(path))
             return costs
     costs = CostModel.measure(target, draft, max_batch=max_batch, max_query=max_query)
-    if path is not None and costs.steady:
-        _write(path, costs)
-    elif path is not None:
+    if costs.steady:
+        _write(folder / f"{stem}-b{max_batch}-q{max_query}.json", costs)
+    else:
         log.warning("cost model: the machine was busy while measuring (passes disagree); not kept")
     return costs
 
 
-def _path(
-    directory: str | None,
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    *,
-    max_batch: int,
-    max_query: int,
-) -> Path | None:
-    if not directory:
-        return None
+def _covering(folder: Path, stem: str, *, max_batch: int, max_query: int) -> list[Path]:
+    """Stored grids of this identity whose batch sizes and query lengths reach the ones asked for,
+    smallest first."""
+    found = []
+    for path in folder.glob(f"{stem}-b*-q*.json"):
+        match = re.fullmatch(rf"{stem}-b(\d+)-q(\d+)\.json", path.name)
+        if match and int(match[1]) >= max_batch and int(match[2]) >= max_query:
+            found.append((int(match[1]) * int(match[2]), path))
+    return [path for _, path in sorted(found)]
+
+
+def _identity(target: PreTrainedModel, draft: PreTrainedModel | None) -> str:
+    """A hash of what the costs depend on besides the grid's extent."""
     key = {
         "format": FORMAT,
         "target": _model_identity(target),
         "draft": _model_identity(draft) if draft is not None else None,
-        "max_batch": max_batch,
-        "max_query": max_query,
         "device": _device_identity(target.device),
         "dtype": str(target.dtype),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return Path(directory).expanduser() / f"{digest}.json"
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _model_identity(model: PreTrainedModel) -> dict[str, Any]:

@@ -40,12 +40,17 @@ def test_a_stored_measurement_is_reused_exactly(tmp_path: Path, pair: tuple) -> 
     assert list(tmp_path.glob("*.json")) == [stored]
 
 
-def test_another_grid_or_pair_is_measured_on_its_own(tmp_path: Path, pair: tuple) -> None:
+def test_a_larger_grid_serves_smaller_jobs_and_another_pair_is_measured_on_its_own(
+    tmp_path: Path, pair: tuple
+) -> None:
     target, draft = pair
-    cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=2, max_query=3)
-    cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=4, max_query=3)
-    cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=2, max_query=5)
-    cost_cache.load_or_measure(str(tmp_path), target, None, max_batch=2, max_query=3)
+    large = cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=4, max_query=5)
+    for batch, query in ((1, 2), (4, 5), (3, 4)):
+        reused = cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=batch, max_query=query)
+        assert reused.measure_seconds == 0.0 and reused.to_json() == large.to_json()
+    cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=8, max_query=3)  # B beyond it
+    cost_cache.load_or_measure(str(tmp_path), target, draft, max_batch=2, max_query=6)  # q beyond it
+    cost_cache.load_or_measure(str(tmp_path), target, None, max_batch=2, max_query=3)  # no draft
     assert len(list(tmp_path.glob("*.json"))) == 4
 
 
