@@ -7,9 +7,14 @@ decoding at the same batch size (greedy rows against greedy plain, sampled again
 Beside it: the expected speedup (Leviathan et al. with the measured verify cost, from the run's α,
 its γ histogram and the costs measured at that B) and the limit (the best constant γ for that α).
 Outputs are checked: greedy rows must equal plain decoding (the count of differing rows is shown).
-Each batch size's prompts go in groups of B, and every mode decodes a group before the next group
-starts (wall time, one thread pinned to one core), so a slow spell of a shared machine lands on every
-mode alike and the ratios hold.
+Each batch size's prompts go in groups of ``--group`` × B (4 by default), and every mode decodes a
+group before the next group starts (wall time, one thread pinned to one core), so a slow spell of a
+shared machine lands on every mode alike and the ratios hold. Within a group a free slot takes the
+next prompt at once, as a worker refills its batch: speculative rows gain tokens at different rates
+and leave at different rounds, so groups of exactly B would leave slots empty while the group's
+slowest row finishes (plain rows, all of one length, leave together) and undercount speculation.
+Each engine has its own copy of the measured costs (its live residual is its own), prompt lookup's
+without the draft model's steps, as a worker measures them for a prompt-lookup job.
 
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
     taskset -c 1 .venv/bin/python bench/engine.py --long     # the long held-out prompts (200–440 tokens)
@@ -24,6 +29,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -157,6 +163,7 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="the long prompts (200+ tokens)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.7, help="of the sampled rows")
+    parser.add_argument("--group", type=int, default=4, help="prompts per group, in batches (B each)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -183,11 +190,12 @@ def main() -> None:
     report: list[dict] = []
     for batch in [int(b) for b in args.batches.split(",")]:
         costs = CostModel.measure(target, draft, max_batch=batch, max_query=9)
-        # Groups of B prompts; every mode decodes a group before the next group starts, so a slow
-        # spell of the machine lands on every mode alike. Prompts repeat until there are 3+ groups.
-        repeats = max(1, -(-3 * batch // len(prompts)))
+        # Groups of --group × B prompts; every mode decodes a group before the next group starts, so
+        # a slow spell of the machine lands on every mode alike. Prompts repeat until there are 2+ groups.
+        size = args.group * batch
+        repeats = max(1, -(-2 * size // len(prompts)))
         keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
-        groups = [keyed[i : i + batch] for i in range(0, len(keyed), batch)]
+        groups = [keyed[i : i + size] for i in range(0, len(keyed), size)]
         modes = [
             "plain",
             "draft",
@@ -206,9 +214,17 @@ def main() -> None:
             f"plain {sampled}": None,
             f"draft {sampled}": DraftModel(draft),
         }
+        no_draft = replace(costs, draft=dict.fromkeys(costs.draft, 0.0))  # prompt lookup's steps are free
+        own_costs = {
+            mode: replace(no_draft if mode == "prompt lookup" else costs, residual={}) for mode in modes
+        }
         engines = {
             mode: Engine(
-                target, proposer, max_rows=batch, k_max=8 if proposer is not None else 0, costs=costs
+                target,
+                proposer,
+                max_rows=batch,
+                k_max=8 if proposer is not None else 0,
+                costs=own_costs[mode],
             )
             for mode, proposer in proposers.items()
         }
@@ -216,7 +232,8 @@ def main() -> None:
             for mode, engine in engines.items():
                 temperature = t if sampled in mode else 0
                 ours(runs[mode], engine, group, new=args.new, temperature=temperature, eos=eos)
-            hf_plain(runs["hf plain generate"], target, group, new=args.new, pad=pad)
+            for i in range(0, len(group), batch):  # transformers' generate: B rows at a time, no refill
+                hf_plain(runs["hf plain generate"], target, group[i : i + batch], new=args.new, pad=pad)
             if batch == 1:
                 hf_assisted(runs["hf assisted generate"], target, draft, group, new=args.new, pad=pad)
         for mode, engine in engines.items():
@@ -232,8 +249,8 @@ def main() -> None:
                 "mode": mode,
                 "tps": run.tps,
                 "speedup": run.tps / base.tps,
-                "expected": run.expected(costs),
-                "limit": limit(costs, run.alpha, batch),
+                "expected": run.expected(own_costs[mode]),
+                "limit": limit(own_costs[mode], run.alpha, batch),
                 "alpha": run.alpha,
                 "gamma": dict(sorted(run.gamma.items())) if run.engine else None,
                 "differ": differ,
