@@ -7,14 +7,14 @@ decoding at the same batch size (greedy rows against greedy plain, sampled again
 Beside it: the expected speedup (Leviathan et al. with the measured verify cost, from the run's α,
 its γ histogram and the costs measured at that B) and the limit (the best constant γ for that α).
 Outputs are checked: greedy rows must equal plain decoding (the count of differing rows is shown).
-Each batch size's prompts go in groups of ``--group`` × B (4 by default), and every mode decodes a
-group before the next group starts (wall time, one thread pinned to one core), so a slow spell of a
-shared machine lands on every mode alike and the ratios hold. Within a group a free slot takes the
-next prompt at once, as a worker refills its batch: speculative rows gain tokens at different rates
-and leave at different rounds, so groups of exactly B would leave slots empty while the group's
-slowest row finishes (plain rows, all of one length, leave together) and undercount speculation.
-Each engine has its own copy of the measured costs (its live residual is its own), prompt lookup's
-without the draft model's steps, as a worker measures them for a prompt-lookup job.
+Each batch size's prompts go in groups of ``--group`` × B (4 by default; one prompt at B = 1), and
+every mode decodes a group before the next group starts (wall time, one thread pinned to one core),
+so a slow spell of a shared machine lands on every mode alike and the ratios hold. Within a group a
+free slot takes the next prompt at once, as a worker refills its batch: speculative rows gain tokens
+at different rates and leave at different rounds, so groups of exactly B would leave slots empty
+while the group's slowest row finishes (plain rows, all of one length, leave together) and
+undercount speculation. Each engine has its own copy of the measured costs (its live residual is its
+own), prompt lookup's without the draft model's steps, as a worker measures them for that job.
 
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
     taskset -c 1 .venv/bin/python bench/engine.py --long     # the long held-out prompts (200–440 tokens)
@@ -192,7 +192,7 @@ def main() -> None:
         costs = CostModel.measure(target, draft, max_batch=batch, max_query=9)
         # Groups of --group × B prompts; every mode decodes a group before the next group starts, so
         # a slow spell of the machine lands on every mode alike. Prompts repeat until there are 2+ groups.
-        size = args.group * batch
+        size = args.group * batch if batch > 1 else 1  # a single row has no tail: the finest interleaving
         repeats = max(1, -(-2 * size // len(prompts)))
         keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
         groups = [keyed[i : i + size] for i in range(0, len(keyed), size)]
