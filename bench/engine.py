@@ -7,12 +7,18 @@ decoding at the same batch size (greedy rows against greedy plain, sampled again
 Beside it: the expected speedup (Leviathan et al. with the measured verify cost, from the run's α,
 its γ histogram and the costs measured at that B) and the limit (the best constant γ for that α).
 Outputs are checked: greedy rows must equal plain decoding (the count of differing rows is shown).
-Each batch size's prompts go in groups of B, and every mode decodes a group before the next group
-starts (wall time, one thread pinned to one core), so a slow spell of a shared machine lands on every
-mode alike and the ratios hold.
+Each batch size's prompts go in groups of ``--group`` × B (4 by default; one prompt at B = 1), and
+every mode decodes a group before the next group starts (wall time, one thread pinned to one core),
+so a slow spell of a shared machine lands on every mode alike and the ratios hold. Within a group a
+free slot takes the next prompt at once, as a worker refills its batch: speculative rows gain tokens
+at different rates and leave at different rounds, so groups of exactly B would leave slots empty
+while the group's slowest row finishes (plain rows, all of one length, leave together) and
+undercount speculation. Each engine has its own copy of the measured costs (its live residual is its
+own), prompt lookup's without the draft model's steps, as a worker measures them for that job.
 
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
     taskset -c 1 .venv/bin/python bench/engine.py --long     # the long held-out prompts (200–440 tokens)
+    taskset -c 1 .venv/bin/python bench/engine.py --clock cpu  # CPU time: a loaded shared machine
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -40,6 +47,9 @@ from genjob.generation.requests import Request
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
 HELD_OUT = ROOT / "bench" / "prompts" / "heldout.jsonl"
+# What a mode's seconds are: wall time, or with --clock cpu this process's CPU time (one torch thread:
+# the time the mode computed, without the time it waited for a core a shared machine gave others).
+CLOCK = time.perf_counter
 
 
 def load_prompts(path: Path, tokenizer, *, n: int, long: bool, room: int) -> list[list[int]]:
@@ -87,9 +97,9 @@ def ours(tally: Tally, engine: Engine, group, *, new: int, temperature: float, e
         Request(key=key, input_ids=ids, max_new_tokens=new, temperature=temperature, seed=key, eos_ids=eos)
         for key, ids in group
     ]
-    started = time.perf_counter()
+    started = CLOCK()
     results = {done.key: done.token_ids for done in engine.generate(requests)}
-    tally.seconds += time.perf_counter() - started
+    tally.seconds += CLOCK() - started
     tally.tokens += sum(len(t) for t in results.values())
     tally.outputs.update(results)
 
@@ -109,10 +119,10 @@ def hf_plain(tally: Tally, target, group, *, new: int, pad: int) -> None:
     width = max(len(ids) for ids in prompts)
     ids = torch.tensor([[pad] * (width - len(x)) + x for x in prompts])
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts])
-    started = time.perf_counter()
+    started = CLOCK()
     with torch.inference_mode():
         out = target.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=pad)
-    tally.seconds += time.perf_counter() - started
+    tally.seconds += CLOCK() - started
     tally.tokens += int((out[:, width:] != pad).sum())
 
 
@@ -120,7 +130,7 @@ def hf_assisted(tally: Tally, target, draft, group, *, new: int, pad: int) -> No
     """transformers' assisted generate, one prompt at a time (it refuses batches)."""
     for _, ids in group:
         x = torch.tensor([ids])
-        started = time.perf_counter()
+        started = CLOCK()
         with torch.inference_mode():
             out = target.generate(
                 x,
@@ -130,7 +140,7 @@ def hf_assisted(tally: Tally, target, draft, group, *, new: int, pad: int) -> No
                 do_sample=False,
                 pad_token_id=pad,
             )
-        tally.seconds += time.perf_counter() - started
+        tally.seconds += CLOCK() - started
         tally.tokens += out.shape[1] - len(ids)
 
 
@@ -157,8 +167,14 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="the long prompts (200+ tokens)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.7, help="of the sampled rows")
+    parser.add_argument("--group", type=int, default=4, help="prompts per group, in batches (B each)")
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall", help="cpu: this process's CPU time"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     target, draft = load_model(str(DEMO / "target")), load_model(str(DEMO / "draft"))
     tokenizer = load_tokenizer(str(DEMO / "target"))
@@ -169,7 +185,8 @@ def main() -> None:
     source = args.prompts.relative_to(ROOT)
     print(
         f"# {len(prompts)} prompts from {source} ({min(lengths)}–{max(lengths)} tokens, median "
-        f"{statistics.median(lengths):.0f}), {args.new} new tokens, {args.threads} thread(s), "
+        f"{statistics.median(lengths):.0f}), {args.new} new tokens, {args.threads} thread(s), {args.clock} "
+        f"clock, "
         f"torch {torch.__version__}",
         flush=True,
     )
@@ -183,11 +200,12 @@ def main() -> None:
     report: list[dict] = []
     for batch in [int(b) for b in args.batches.split(",")]:
         costs = CostModel.measure(target, draft, max_batch=batch, max_query=9)
-        # Groups of B prompts; every mode decodes a group before the next group starts, so a slow
-        # spell of the machine lands on every mode alike. Prompts repeat until there are 3+ groups.
-        repeats = max(1, -(-3 * batch // len(prompts)))
+        # Groups of --group × B prompts; every mode decodes a group before the next group starts, so
+        # a slow spell of the machine lands on every mode alike. Prompts repeat until there are 2+ groups.
+        size = args.group * batch if batch > 1 else 1  # a single row has no tail: the finest interleaving
+        repeats = max(1, -(-2 * size // len(prompts)))
         keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
-        groups = [keyed[i : i + batch] for i in range(0, len(keyed), batch)]
+        groups = [keyed[i : i + size] for i in range(0, len(keyed), size)]
         modes = [
             "plain",
             "draft",
@@ -206,9 +224,17 @@ def main() -> None:
             f"plain {sampled}": None,
             f"draft {sampled}": DraftModel(draft),
         }
+        no_draft = replace(costs, draft=dict.fromkeys(costs.draft, 0.0))  # prompt lookup's steps are free
+        own_costs = {
+            mode: replace(no_draft if mode == "prompt lookup" else costs, residual={}) for mode in modes
+        }
         engines = {
             mode: Engine(
-                target, proposer, max_rows=batch, k_max=8 if proposer is not None else 0, costs=costs
+                target,
+                proposer,
+                max_rows=batch,
+                k_max=8 if proposer is not None else 0,
+                costs=own_costs[mode],
             )
             for mode, proposer in proposers.items()
         }
@@ -216,7 +242,8 @@ def main() -> None:
             for mode, engine in engines.items():
                 temperature = t if sampled in mode else 0
                 ours(runs[mode], engine, group, new=args.new, temperature=temperature, eos=eos)
-            hf_plain(runs["hf plain generate"], target, group, new=args.new, pad=pad)
+            for i in range(0, len(group), batch):  # transformers' generate: B rows at a time, no refill
+                hf_plain(runs["hf plain generate"], target, group[i : i + batch], new=args.new, pad=pad)
             if batch == 1:
                 hf_assisted(runs["hf assisted generate"], target, draft, group, new=args.new, pad=pad)
         for mode, engine in engines.items():
@@ -232,8 +259,8 @@ def main() -> None:
                 "mode": mode,
                 "tps": run.tps,
                 "speedup": run.tps / base.tps,
-                "expected": run.expected(costs),
-                "limit": limit(costs, run.alpha, batch),
+                "expected": run.expected(own_costs[mode]),
+                "limit": limit(own_costs[mode], run.alpha, batch),
                 "alpha": run.alpha,
                 "gamma": dict(sorted(run.gamma.items())) if run.engine else None,
                 "differ": differ,

@@ -7,7 +7,9 @@ time, so a point dearer than a larger one takes the larger one's); between grid 
 linearly. Live rounds keep it honest: a round also costs the host's own work (proposals, acceptance,
 bookkeeping), which the forwards alone do not show, so each observed round moves an additive residual
 per draft length (measured − predicted, followed quickly downwards and slowly upwards, since noise only
-adds time); a k not yet run borrows k = 0's.
+adds time); a k not yet run borrows the residual of the nearest k that has run, and its own residual
+starts from there: only the very first round of all is taken whole, so one stalled round can never make
+a draft length look dear for good (a k that looks dear is not run again, so nothing would correct it).
 
 Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room for m_i(k) drafts
 yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
@@ -84,16 +86,26 @@ class CostModel:
 
     def round_seconds(self, batch: int, k: int) -> float:
         predicted = self.predicted(batch, k)
-        return max(predicted + self.residual.get(k, self.residual.get(0, 0.0)), 0.5 * predicted)
+        return max(predicted + self.residual_for(k), 0.5 * predicted)
+
+    def residual_for(self, k: int) -> float:
+        """k's live residual; for a k not yet run, that of the nearest k that has (the smaller one on a
+        tie), or 0 before any round."""
+        if k in self.residual:
+            return self.residual[k]
+        if not self.residual:
+            return 0.0
+        return self.residual[min(self.residual, key=lambda seen: (abs(seen - k), seen))]
 
     def observe(self, batch: int, k: int, seconds: float) -> None:
-        """A live round took ``seconds``: move k's residual towards measured − predicted (a k seen for
-        the first time starts from k = 0's)."""
+        """A live round took ``seconds``: move k's residual towards measured − predicted. The first
+        round of all sets it; a k seen for the first time starts from its nearest neighbour's, so a
+        single slow round moves it by only ``LIVE_UP`` of the gap."""
         gap = seconds - self.predicted(batch, k)
-        old = self.residual.get(k, self.residual.get(0))
-        if old is None:
+        if not self.residual:
             self.residual[k] = gap
             return
+        old = self.residual_for(k)
         self.residual[k] = old + (LIVE_UP if gap > old else LIVE_DOWN) * (gap - old)
 
     def at_batch(self, batch: float, ks: Sequence[int]) -> dict[str, object]:

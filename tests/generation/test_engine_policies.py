@@ -40,6 +40,21 @@ def test_the_draft_length_follows_acceptance_and_cost() -> None:
     assert choose_draft_length(cheap, [0.6], [6], k_max=6, current=3) == 3
 
 
+def test_one_slow_round_does_not_keep_a_draft_length_out_of_use() -> None:
+    """A k run for the first time starts from its nearest neighbour's residual: one stalled round
+    (a busy host) moves it by a little, so the best k stays in use; an unseen k borrows the nearest."""
+    model = costs(0.02, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])
+    model.observe(1, 1, model.predicted(1, 1) + 0.1)  # the first round of all sets the residual
+    assert model.residual_for(1) == pytest.approx(0.1)
+    assert model.residual_for(4) == pytest.approx(0.1)  # not yet run: the nearest k's
+    model.observe(1, 3, model.predicted(1, 3) + 5.0)  # one stalled round at k = 3
+    assert model.residual_for(3) < 0.5
+    assert choose_draft_length(model, [0.8] * 4, [6] * 4, k_max=6, current=3) >= 3
+    model.observe(1, 5, model.predicted(1, 5) - 0.2)  # faster than the neighbour: followed quickly
+    assert model.residual_for(5) < model.residual_for(3) - 0.1
+    assert model.residual_for(6) == model.residual_for(5)
+
+
 def test_expected_speedup_is_leviathans_with_the_measured_verify_cost() -> None:
     model = costs(0.1, [1.0, 1.2, 1.4, 1.6])
     alpha, k = 0.8, 3
