@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from genjob.constants import InputFormat, OpenAIEndpoint
-from genjob.formats.genjob_lines import parse_genjob_line
+from genjob.formats.genjob_lines import parse_genjob_json, parse_genjob_line
 from genjob.formats.lines import (
     UTF8_BOM,
     FileTooLarge,
@@ -40,18 +40,17 @@ MAX_REPORTED_ERRORS = 20
 
 
 def _parse_line(
-    text: str,
-    fmt: InputFormat,
-    limits: InputLimits,
-    tokenizer: SubmitTokenizer | None,
-    *,
-    last_line: bool,
+    text: str, fmt: InputFormat, tokenizer: SubmitTokenizer | None, *, last_line: bool
 ) -> ParsedLine:
-    """Parse one line; ``last_line``: it has no newline, so the file ends with it."""
+    """Parse one line, checked; ``last_line``: it has no newline, so the file ends with it."""
     data = parse_json_line(text, last_line=last_line)
     if not isinstance(data, dict):
         raise LineProblem(f"expected a JSON object, got {json_type(data)}")
-    parsed = parse_genjob_line(data) if fmt is InputFormat.GENJOB else parse_openai_line(data, tokenizer)
+    return parse_genjob_line(data) if fmt is InputFormat.GENJOB else parse_openai_line(data, tokenizer)
+
+
+def _check_line(parsed: ParsedLine, limits: InputLimits) -> None:
+    """The checks every format shares, on a parsed line."""
     tokens = parsed.max_new_tokens
     if tokens is not None and not 1 <= tokens <= limits.max_new_tokens_limit:
         field = parsed.max_new_tokens_field
@@ -60,7 +59,6 @@ def _parse_line(
         )
     check_storable(parsed.prompt, parsed.prompt_field)
     check_storable(parsed.custom_id, parsed.id_field)
-    return parsed
 
 
 def read_prompts(
@@ -120,15 +118,20 @@ def _read(
             return
         if number == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM) :]
+        # the fast path for genjob lines; the checked parse when it is unsure (and to name a problem)
+        parsed = parse_genjob_json(raw) if fmt is InputFormat.GENJOB else None
         try:
-            text = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            yield LineError(number, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})")
-            continue
-        if not text.strip():
-            continue  # blank lines (and a trailing newline) are allowed
-        try:
-            parsed = _parse_line(text, fmt, limits, tokenizer, last_line=not raw.endswith(b"\n"))
+            if parsed is None:
+                try:
+                    text = raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as exc:
+                    raise LineProblem(
+                        f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+                    ) from None
+                if not text.strip():
+                    continue  # blank lines (and a trailing newline) are allowed
+                parsed = _parse_line(text, fmt, tokenizer, last_line=not raw.endswith(b"\n"))
+            _check_line(parsed, limits)
         except LineProblem as problem:
             yield LineError(number, problem.message, problem.field)
             continue
