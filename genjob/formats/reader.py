@@ -4,8 +4,8 @@
 its format (genjob's own, ``genjob.formats.genjob_lines``, or OpenAI batch requests,
 ``genjob.formats.openai_lines``, whose chat messages the ``SubmitTokenizer`` renders to text) and
 yields a ``PromptItem`` or a ``LineError`` naming the line and field. ``check_prompts`` reads a
-whole stream before anything is stored (raising ``InputFileError`` with the first problems);
-``valid_prompts`` yields the items of an already checked stream for the insert that follows.
+whole stream (raising ``InputFileError`` with the first problems); ``valid_prompts`` yields the
+items of a stream as its insert consumes them, and raises at its first bad line.
 Must not know: the database, Celery, torch, HTTP.
 """
 
@@ -236,11 +236,21 @@ def valid_prompts(
     limits: InputLimits,
     input_format: InputFormat = InputFormat.GENJOB,
     tokenizer: SubmitTokenizer | None = None,
+    max_new_tokens: int | None = None,
+    model: str | None = None,
+    endpoint: OpenAIEndpoint | None = None,
 ) -> Iterator[PromptItem]:
-    """The prompts of an already checked stream (ids not checked for duplicates: the database's unique
-    index does it); raises on the first error regardless."""
+    """The prompts of a stream, checked as ``check_prompts`` checks them except for duplicate ids (the
+    database's unique index finds those); raises ``InputFileError`` at the first bad line."""
     entries = read_prompts(
-        stream, limits=limits, input_format=input_format, tokenizer=tokenizer, duplicate_ids=False
+        stream,
+        limits=limits,
+        input_format=input_format,
+        tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens,
+        duplicate_ids=False,
+        model=model,
+        endpoint=endpoint,
     )
     for entry in entries:
         if isinstance(entry, LineError):
