@@ -38,6 +38,9 @@ class PromptLine(BaseModel):
         return value
 
 
+_validate_json = PromptLine.__pydantic_validator__.validate_json  # model_validate_json, without its wrapper
+
+
 def parse_genjob_json(raw: bytes) -> ParsedLine | None:
     """The line's content if it is a valid line with no duplicate key, None when unsure (the caller
     then parses it checked). Sound because every accepted value is a string, an int or null: nesting
@@ -47,7 +50,7 @@ def parse_genjob_json(raw: bytes) -> ParsedLine | None:
     any string, so with no escaped colon (``\\u003a``) in the line, the colons outside the prompt and
     the id bound the number of keys, which must be the number of fields the line set."""
     try:
-        line = PromptLine.model_validate_json(raw)
+        line: PromptLine = _validate_json(raw)
     except ValidationError:
         return None
     colons = raw.count(b":")
