@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+import psycopg
 from psycopg.copy import QueuedLibpqWriter
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
@@ -72,7 +73,7 @@ def _copy_items(session: Session, rows: Iterator[tuple[Any, ...]]) -> int:
     """Stream rows into ``items`` with COPY (about 3x faster than executemany); returns the count.
     A thread sends the buffered data (a bounded queue) while this one reads and checks the next lines."""
     count = 0
-    cursor = session.connection().connection.cursor()
+    cursor = cast("psycopg.Cursor[Any]", session.connection().connection.cursor())  # psycopg's own
     try:
         statement = f"COPY items ({', '.join(ITEM_COLUMNS)}) FROM STDIN"
         with cursor.copy(statement, writer=QueuedLibpqWriter(cursor)) as copy:
