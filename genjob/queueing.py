@@ -19,9 +19,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from functools import lru_cache
+from typing import Any
 
 from celery import Celery
 from kombu.exceptions import OperationalError
+from kombu.utils.uuid import uuid
 from sqlalchemy.orm import Session
 
 from genjob import store
@@ -75,22 +77,26 @@ def publish_ranges(
     on_batch: Callable[[int], None] | None = None,
 ) -> int:
     """Send one task message per ``[start, stop)`` range, pipelined, ``PUBLISH_BATCH`` a round trip;
-    ``on_batch(stop)`` hears how far each flushed batch reached. Returns how many were sent."""
+    ``on_batch(stop)`` hears how far each flushed batch reached. Returns how many were sent.
+
+    The messages are what ``app.send_task`` sends, built faster: Celery builds the first one, the
+    others copy it with their own id and range (``_RangeMessages``), and the queue is declared once."""
     import redis
 
     sent = 0
+    messages = _RangeMessages(app, job_id)
     try:
         with app.producer_or_acquire() as producer:
             batch_stop = None
             with producer.batch(max_size=PUBLISH_BATCH * 2) as batch:
                 for start, stop in ranges:
-                    app.send_task(
+                    app.amqp.send_task_message(
+                        producer,
                         TASK_GENERATE_CHUNK,
-                        args=(job_id, start, stop),
-                        argsrepr=chunk_summary(job_id, start, stop),
+                        messages.of(start, stop),
                         queue=queue,
                         priority=chunk_priority(first_index + sent),
-                        producer=producer,
+                        declare=None if sent == 0 else [],  # None: the queue, declared by the first
                         retry=True,
                         retry_policy=PUBLISH_RETRY_POLICY,
                     )
@@ -109,6 +115,26 @@ def publish_ranges(
             f"job {job_id} is stored but could not be queued on {app.conf.broker_url}: {exc}"
         ) from exc
     return sent
+
+
+class _RangeMessages:
+    """A job's range messages (Celery's protocol 2: headers, properties, body), each a copy of one
+    that ``app.amqp.create_task_message`` built, with its own task id, range and ``argsrepr``;
+    building each whole costs about as much again as sending it."""
+
+    def __init__(self, app: Celery, job_id: str) -> None:
+        self.job_id = job_id
+        self.headers, self.properties, body, _event = app.amqp.create_task_message(
+            "template", TASK_GENERATE_CHUNK, (job_id, 0, 0), {}, reply_to=app.thread_oid, ignore_result=None
+        )
+        _args, self.kwargs, self.embed = body
+
+    def of(self, start: int, stop: int) -> tuple[dict[str, Any], dict[str, Any], tuple[Any, ...], None]:
+        task_id = uuid()
+        summary = chunk_summary(self.job_id, start, stop)
+        headers = dict(self.headers, id=task_id, root_id=task_id, argsrepr=summary)
+        properties = dict(self.properties, correlation_id=task_id, argsrepr=summary)  # as send_task
+        return headers, properties, ((self.job_id, start, stop), self.kwargs, self.embed), None
 
 
 def publish_rest(

@@ -1,9 +1,9 @@
-"""Submit a prompt file as a job: validate it whole, then store the job and its items.
+"""Submit a prompt file as a job: check every line and store the job and its items, or nothing.
 
-Shared by the CLI and the HTTP API. Validation reads the file once (streamed) and the insert reads
-it again inside one transaction, so a bad file leaves the database untouched. Duplicate ids are
-found by the database's unique index on (job, id), not by a set of every id in memory: a refused
-insert rolls back, and a third read names the lines. Queueing the stored
+Shared by the CLI and the HTTP API. One streamed read checks each line and feeds it to the items'
+``COPY`` inside one transaction; the first bad line rolls it back, so a bad file leaves the database
+untouched, and a second read then names every problem. Duplicate ids are found by the database's
+unique index on (job, id), not by a set of every id in memory. Queueing the stored
 job is ``genjob.queueing`` (or in-process, embedded); tokenizer work at submit (chat templates,
 the context check) goes through the ``SubmitTokenizer`` the caller hands in.
 Must not know: torch, transformers, Celery's workers, HTTP.
@@ -12,7 +12,7 @@ Must not know: torch, transformers, Celery's workers, HTTP.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session
 from genjob import store
 from genjob.constants import InputFormat, OpenAIEndpoint
 from genjob.db import ensure_schema, session_scope
-from genjob.formats.lines import InputFileError, InputLimits
-from genjob.formats.reader import InputSummary, check_prompts, valid_prompts
+from genjob.formats.lines import InputFileError, InputLimits, PromptItem
+from genjob.formats.reader import check_prompts, valid_prompts
 from genjob.formats.sources import open_prompt_source
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.options import JobOptions, JobSpec
@@ -130,11 +130,12 @@ def store_job_stream(
     line_endpoint: OpenAIEndpoint | None = None,
     after_insert: Callable[[Session, str], None] | None = None,
 ) -> Submitted:
-    """``store_job`` on a seekable binary stream (an upload spooled by the API), read twice.
+    """``store_job`` on a seekable binary stream (an upload spooled by the API); read once, again to
+    report a refused file.
 
     Chat messages (OpenAI lines) are rendered here by ``tokenizer`` (the target's chat template), so
     the items hold prompt text whichever way they came; prompts are checked against the model's
-    context here when the tokenizer can tell. ``on_phase`` hears "validating", then "storing".
+    context here when the tokenizer can tell. ``on_phase`` hears "validating and storing".
     With ``idempotency_key``, a submit whose key was used before returns that job (``reused``) if the
     content (file and options) is the same, and raises ``IdempotencyConflict`` otherwise: never a
     second job. ``line_model``, ``line_endpoint``: every OpenAI line must name this model and be a
@@ -154,35 +155,39 @@ def store_job_stream(
         earlier = _earlier_submit(settings, key)
         if earlier is not None:
             return earlier
-    phase("validating")
+    phase("validating and storing")
     start = stream.tell()
 
-    def check(duplicate_ids: bool) -> InputSummary:
+    def report() -> None:
+        """Read the file again to name its problems (ids checked too), and raise them."""
         stream.seek(start)
-        return check_prompts(
+        check_prompts(
             stream,
             source=source,
             limits=limits,
             input_format=input_format,
             tokenizer=tokenizer,
             max_new_tokens=spec.max_new_tokens,
-            duplicate_ids=duplicate_ids,
+            duplicate_ids=True,
             model=line_model,
             endpoint=line_endpoint,
         )
+        raise AssertionError("the file was refused, but its second read found nothing wrong")
 
-    try:  # ids are left to the database's unique index: no set of every id in memory
-        summary = check(duplicate_ids=False)
-    except InputFileError:
-        check(duplicate_ids=True)  # the full report, duplicates among the other errors
-        raise
-    stream.seek(start)
-    if summary.endpoint is not None:
-        spec = spec.model_copy(update={"endpoint": summary.endpoint})
+    # One read checks each line and streams it into the COPY; the first bad line rolls the transaction
+    # back, and only then is the file read again to report every problem. Ids are left to the
+    # database's unique index: no set of every id in memory.
+    seen = _SeenEndpoint(line_endpoint)
     items = valid_prompts(
-        stream, source=source, limits=limits, input_format=input_format, tokenizer=tokenizer
+        stream,
+        source=source,
+        limits=limits,
+        input_format=input_format,
+        tokenizer=tokenizer,
+        max_new_tokens=spec.max_new_tokens,
+        model=line_model,
+        endpoint=line_endpoint,
     )
-    phase("storing")
     try:
         with session_scope(settings.database_url) as session:
             if key is not None:
@@ -190,7 +195,7 @@ def store_job_stream(
             job = store.create_job(
                 session,
                 spec=spec,
-                items=items,
+                items=seen.watch(items),
                 queue=settings.queue,
                 name=name,
                 expires_at=expires_at,
@@ -198,12 +203,17 @@ def store_job_stream(
                 model_name=submitter.model_name,
                 assistant_name=submitter.assistant_name,
             )
-            assert job.total == summary.count
+            if job.total == 0:
+                raise _NoPrompts
+            if seen.endpoint is not None and seen.endpoint is not spec.endpoint:
+                job.spec = spec.model_copy(update={"endpoint": seen.endpoint}).model_dump(mode="json")
             if key is not None:
                 keys.bind(session, idempotency=key, job_id=job.id)
             if after_insert is not None:
                 after_insert(session, job.id)
             return Submitted(job_id=job.id, items=job.total)
+    except (InputFileError, _NoPrompts):
+        pass  # rolled back; the report below names the problems
     except Exception as exc:
         if not is_duplicate_id(exc):
             earlier = None
@@ -212,8 +222,25 @@ def store_job_stream(
             if earlier is None:
                 raise
             return earlier
-    check(duplicate_ids=True)  # nothing was stored; this names the lines (and raises)
-    raise AssertionError("the database refused a duplicate id that the file does not have")
+    report()  # nothing was stored; this names the lines (and raises)
+    raise AssertionError("unreachable")
+
+
+class _NoPrompts(Exception):
+    """The file has no prompts: roll back, then report it."""
+
+
+class _SeenEndpoint:
+    """The OpenAI endpoint of the items streamed through ``watch`` (every line's is the same)."""
+
+    def __init__(self, endpoint: OpenAIEndpoint | None) -> None:
+        self.endpoint = endpoint
+
+    def watch(self, items: Iterator[PromptItem]) -> Iterator[PromptItem]:
+        for item in items:
+            if item.endpoint is not None:
+                self.endpoint = item.endpoint
+            yield item
 
 
 def is_duplicate_id(error: BaseException) -> bool:

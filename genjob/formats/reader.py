@@ -4,8 +4,8 @@
 its format (genjob's own, ``genjob.formats.genjob_lines``, or OpenAI batch requests,
 ``genjob.formats.openai_lines``, whose chat messages the ``SubmitTokenizer`` renders to text) and
 yields a ``PromptItem`` or a ``LineError`` naming the line and field. ``check_prompts`` reads a
-whole stream before anything is stored (raising ``InputFileError`` with the first problems);
-``valid_prompts`` yields the items of an already checked stream for the insert that follows.
+whole stream (raising ``InputFileError`` with the first problems); ``valid_prompts`` yields the
+items of a stream as its insert consumes them, and raises at its first bad line.
 Must not know: the database, Celery, torch, HTTP.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from genjob.constants import InputFormat, OpenAIEndpoint
-from genjob.formats.genjob_lines import parse_genjob_line
+from genjob.formats.genjob_lines import parse_genjob_json, parse_genjob_line
 from genjob.formats.lines import (
     UTF8_BOM,
     FileTooLarge,
@@ -40,18 +40,17 @@ MAX_REPORTED_ERRORS = 20
 
 
 def _parse_line(
-    text: str,
-    fmt: InputFormat,
-    limits: InputLimits,
-    tokenizer: SubmitTokenizer | None,
-    *,
-    last_line: bool,
+    text: str, fmt: InputFormat, tokenizer: SubmitTokenizer | None, *, last_line: bool
 ) -> ParsedLine:
-    """Parse one line; ``last_line``: it has no newline, so the file ends with it."""
+    """Parse one line, checked; ``last_line``: it has no newline, so the file ends with it."""
     data = parse_json_line(text, last_line=last_line)
     if not isinstance(data, dict):
         raise LineProblem(f"expected a JSON object, got {json_type(data)}")
-    parsed = parse_genjob_line(data) if fmt is InputFormat.GENJOB else parse_openai_line(data, tokenizer)
+    return parse_genjob_line(data) if fmt is InputFormat.GENJOB else parse_openai_line(data, tokenizer)
+
+
+def _check_line(parsed: ParsedLine, limits: InputLimits) -> None:
+    """The checks every format shares, on a parsed line."""
     tokens = parsed.max_new_tokens
     if tokens is not None and not 1 <= tokens <= limits.max_new_tokens_limit:
         field = parsed.max_new_tokens_field
@@ -60,7 +59,6 @@ def _parse_line(
         )
     check_storable(parsed.prompt, parsed.prompt_field)
     check_storable(parsed.custom_id, parsed.id_field)
-    return parsed
 
 
 def read_prompts(
@@ -120,15 +118,20 @@ def _read(
             return
         if number == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM) :]
+        # the fast path for genjob lines; the checked parse when it is unsure (and to name a problem)
+        parsed = parse_genjob_json(raw) if fmt is InputFormat.GENJOB else None
         try:
-            text = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            yield LineError(number, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})")
-            continue
-        if not text.strip():
-            continue  # blank lines (and a trailing newline) are allowed
-        try:
-            parsed = _parse_line(text, fmt, limits, tokenizer, last_line=not raw.endswith(b"\n"))
+            if parsed is None:
+                try:
+                    text = raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as exc:
+                    raise LineProblem(
+                        f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+                    ) from None
+                if not text.strip():
+                    continue  # blank lines (and a trailing newline) are allowed
+                parsed = _parse_line(text, fmt, tokenizer, last_line=not raw.endswith(b"\n"))
+            _check_line(parsed, limits)
         except LineProblem as problem:
             yield LineError(number, problem.message, problem.field)
             continue
@@ -233,11 +236,21 @@ def valid_prompts(
     limits: InputLimits,
     input_format: InputFormat = InputFormat.GENJOB,
     tokenizer: SubmitTokenizer | None = None,
+    max_new_tokens: int | None = None,
+    model: str | None = None,
+    endpoint: OpenAIEndpoint | None = None,
 ) -> Iterator[PromptItem]:
-    """The prompts of an already checked stream (ids not checked for duplicates: the database's unique
-    index does it); raises on the first error regardless."""
+    """The prompts of a stream, checked as ``check_prompts`` checks them except for duplicate ids (the
+    database's unique index finds those); raises ``InputFileError`` at the first bad line."""
     entries = read_prompts(
-        stream, limits=limits, input_format=input_format, tokenizer=tokenizer, duplicate_ids=False
+        stream,
+        limits=limits,
+        input_format=input_format,
+        tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens,
+        duplicate_ids=False,
+        model=model,
+        endpoint=endpoint,
     )
     for entry in entries:
         if isinstance(entry, LineError):

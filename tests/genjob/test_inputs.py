@@ -285,3 +285,29 @@ def test_bom_crlf_and_blank_lines_are_stored_clean(
             (1, 4, None, "c"),
         ]
     assert CliRunner().invoke(main, ["cancel", result.output.strip()]).exit_code == 0  # leave nothing open
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        (
+            '{"prompt": "x", "prompt": "y"}',
+            "invalid JSON: duplicate key 'prompt' (only one value may be given)",
+        ),
+        ('{"prompt": "x", "id": "line-7"}', "field 'id': duplicate id 'line-7'"),
+    ],
+    ids=["duplicate_key", "duplicate_id"],
+)
+def test_a_bad_line_deep_in_a_large_file_rolls_back_the_copy_under_way(
+    pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str, expected: str
+) -> None:
+    """The file is read once into the COPY: lines before the bad one were already sent to Postgres."""
+    monkeypatch.chdir(tmp_path)
+    lines = [json.dumps({"prompt": f"prompt {i}: " + "x" * 200, "id": f"line-{i}"}) for i in range(30_000)]
+    lines.insert(25_000, bad)
+    write_jsonl(tmp_path / "p.jsonl", lines)
+    before = counts(pg_env)
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none"])
+    assert result.exit_code == 1
+    assert result.output == f"Error: p.jsonl:25001: {expected}\n"
+    assert counts(pg_env) == before
