@@ -4,23 +4,27 @@
 Every statement, BEGIN, COMMIT, ROLLBACK and pool pre-ping of every engine in this process (and the
 pool processes it forks) is counted; after each task a pool process writes its counts to
 ``$GENJOB_BENCH_COUNT_DIR/<pid>.json``. ``--noop`` swaps the models for the no-op stand-in of the tests
-(tests/doubles/model_doubles.py: an item "generates" one token instantly).
+(tests/doubles/model_doubles.py: an item "generates" one token instantly). With
+``$GENJOB_BENCH_PROFILE_DIR`` set, each pool process runs under cProfile from its first task on (the
+waits between tasks included) and writes ``<pid>.prof`` after each task (``python -m pstats``).
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import sys
 from collections import Counter
 from pathlib import Path
 
-from celery.signals import task_postrun
+from celery.signals import task_postrun, task_prerun
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.default import DefaultDialect
 
 COUNTS: Counter[str] = Counter()
+PROFILER: cProfile.Profile | None = None
 
 
 @event.listens_for(Engine, "before_cursor_execute")
@@ -54,11 +58,24 @@ def _counted_ping(self, dbapi_connection):
 DefaultDialect._do_ping_w_event = _counted_ping  # type: ignore[method-assign]
 
 
+@task_prerun.connect(weak=False)
+def _profile(**_kwargs) -> None:
+    global PROFILER  # from the first task on, waits between tasks included
+    if PROFILER is None and os.environ.get("GENJOB_BENCH_PROFILE_DIR"):
+        PROFILER = cProfile.Profile()
+        PROFILER.enable()
+
+
 @task_postrun.connect(weak=False)
 def _dump(**_kwargs) -> None:
     directory = os.environ.get("GENJOB_BENCH_COUNT_DIR")
     if directory:
         Path(directory, f"{os.getpid()}.json").write_text(json.dumps(COUNTS))
+    profiles = os.environ.get("GENJOB_BENCH_PROFILE_DIR")
+    if PROFILER is not None and profiles:
+        PROFILER.disable()
+        PROFILER.dump_stats(str(Path(profiles, f"{os.getpid()}.prof")))
+        PROFILER.enable()
 
 
 if __name__ == "__main__":

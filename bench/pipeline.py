@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--runner", choices=["noop", "demo"], default="noop")
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--profile", type=Path, help="cProfile each worker's pool process into this folder")
     args = parser.parse_args()
 
     name = f"genjob_bench_{uuid.uuid4().hex[:8]}"
@@ -79,6 +80,9 @@ def main() -> None:
         GENJOB_BENCH_COUNT_DIR=str(counts_dir),
         PYTHONPATH=str(DOUBLES),
     )
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        env["GENJOB_BENCH_PROFILE_DIR"] = str(args.profile.resolve())
     worker_argv = [sys.executable, str(ROOT / "bench" / "counting_worker.py")]
     if args.runner == "noop":
         worker_argv.append("--noop")

@@ -43,7 +43,8 @@ WITH fin AS (
         {", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS.items())})
 ), moved AS (
     UPDATE items SET status = 'done', error = NULL, finished_at = :now, lease_expires_at = NULL
-    FROM fin WHERE items.id = fin.item_id AND items.fence = fin.fence AND items.status = 'running'
+    FROM fin WHERE items.id = ANY(CAST(:ids AS bigint[]))  -- by primary key only (leases.unindexed_eq)
+        AND items.id = fin.item_id AND items.fence = fin.fence AND items.status IS NOT DISTINCT FROM 'running'
     RETURNING items.id
 ), tried AS (
     INSERT INTO attempts (job_id, item_id, worker, started_at, finished_at, outcome)
@@ -82,5 +83,11 @@ def finish_on_postgres(
         {"item_id": item.id, "fence": item.fence, "started_at": item.started_at.isoformat(), **row}
         for item, row in finished
     ]
-    params = {"rows": json.dumps(rows), "now": utcnow(), "job_id": job_id, "holder": holder}
+    params = {
+        "rows": json.dumps(rows),
+        "ids": [item.id for item, _ in finished],
+        "now": utcnow(),
+        "job_id": job_id,
+        "holder": holder,
+    }
     return set(session.scalars(FINISH_ON_POSTGRES, params))
