@@ -32,19 +32,24 @@ def _statement(conn, cursor, statement, parameters, context, executemany) -> Non
     COUNTS["statements"] += 1
 
 
+def _sent(conn) -> bool:
+    """Whether a BEGIN, COMMIT or ROLLBACK goes to the server: not in autocommit (db.run_statement)."""
+    return not getattr(conn.connection.driver_connection, "autocommit", False)
+
+
 @event.listens_for(Engine, "begin")
 def _begin(conn) -> None:
-    COUNTS["begin"] += 1
+    COUNTS["begin"] += _sent(conn)
 
 
 @event.listens_for(Engine, "commit")
 def _commit(conn) -> None:
-    COUNTS["commit"] += 1
+    COUNTS["commit"] += _sent(conn)
 
 
 @event.listens_for(Engine, "rollback")
 def _rollback(conn) -> None:
-    COUNTS["rollback"] += 1
+    COUNTS["rollback"] += _sent(conn)
 
 
 _ping = DefaultDialect._do_ping_w_event

@@ -63,6 +63,8 @@ class ChunkContext:
     holder: str  # the lease holder: worker name / pid
     worker: str
     tx: Callable[..., Any]
+    # Postgres: one statement in autocommit (db.run_statement), for the group's write-and-claim
+    statement: Callable[..., Any] | None = None
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -131,16 +133,19 @@ class ItemLoop:
         self.finished, self.failed, self.written_at = [], [], time.monotonic()
         if not (finished or failed or claim):
             return []
-        done, gone, claimed = context.tx(
-            store.write_and_claim,
-            job_id=context.job_id,
-            holder=context.holder,
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-            finished=finished,
-            failed=failed,
-            claim=claim,
-        )
+        if context.statement is not None and not failed:
+            done, gone, claimed = self._finish_and_claim(finished, claim)
+        else:
+            done, gone, claimed = context.tx(
+                store.write_and_claim,
+                job_id=context.job_id,
+                holder=context.holder,
+                lease_s=settings.lease_s,
+                max_attempts=settings.max_attempts,
+                finished=finished,
+                failed=failed,
+                claim=claim,
+            )
         self.outcome.done += len(done)
         self.outcome.failed += len(gone)
         for item, _ in finished:
@@ -158,6 +163,29 @@ class ItemLoop:
         self.outcome.skipped += len(claim) - len(claimed)
         self.claimed.update(item.id for item in claimed)
         return claimed
+
+    def _finish_and_claim(
+        self, finished: list[tuple[ClaimedItem, dict[str, Any]]], claim: list[int]
+    ) -> tuple[set[int], set[int], list[ClaimedItem] | store.Refused]:
+        """``store.write_and_claim`` in one statement and one round trip (Postgres, nothing failed)."""
+        context = self.context
+        assert context.statement is not None
+        result = context.statement(
+            store.finish_and_claim,
+            job_id=context.job_id,
+            holder=context.holder,
+            finished=finished,
+            claim=claim,
+            lease_s=context.settings.lease_s,
+            max_attempts=context.settings.max_attempts,
+        )
+        claimed = [ClaimedItem(job_id=context.job_id, started_at=result.now, **row) for row in result.claimed]
+        if claim and not claimed and (result.job_status in TERMINAL_JOB_STATUSES or result.due):
+            if result.due:  # past its deadline: expire it now, as a claim in a transaction would
+                context.tx(store.expire_due_jobs, job_id=context.job_id)
+            return result.done, set(), store.Refused.JOB_ENDED
+        order = {item_id: index for index, item_id in enumerate(claim)}
+        return result.done, set(), sorted(claimed, key=lambda item: order[item.id])
 
     def _write(self) -> None:
         self._sync([])
