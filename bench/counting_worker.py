@@ -2,8 +2,9 @@
 [--noop] worker -Q …``.
 
 Every statement, BEGIN, COMMIT, ROLLBACK and pool pre-ping of every engine in this process (and the
-pool processes it forks) is counted; after each task a pool process writes its counts to
-``$GENJOB_BENCH_COUNT_DIR/<pid>.json``. ``--noop`` swaps the models for the no-op stand-in of the tests
+pool processes it forks) is counted (not BEGIN/COMMIT in autocommit: none is sent); after each task
+a pool process writes its counts to ``$GENJOB_BENCH_COUNT_DIR/<pid>.json`` and the time it spent
+inside tasks to ``<pid>.tasks``. ``--noop`` swaps the models for the no-op stand-in of the tests
 (tests/doubles/model_doubles.py: an item "generates" one token instantly). With
 ``$GENJOB_BENCH_PROFILE_DIR`` set, each pool process runs under cProfile from its first task on (the
 waits between tasks included) and writes ``<pid>.prof`` after each task (``python -m pstats``).
@@ -15,6 +16,7 @@ import cProfile
 import json
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.default import DefaultDialect
 
 COUNTS: Counter[str] = Counter()
+TASKS: dict[str, float] = {}  # when this process ran tasks: first start, last end, time inside them
 PROFILER: cProfile.Profile | None = None
 
 
@@ -66,6 +69,8 @@ DefaultDialect._do_ping_w_event = _counted_ping  # type: ignore[method-assign]
 @task_prerun.connect(weak=False)
 def _profile(**_kwargs) -> None:
     global PROFILER  # from the first task on, waits between tasks included
+    TASKS["started"] = time.time()
+    TASKS.setdefault("first", TASKS["started"])
     if PROFILER is None and os.environ.get("GENJOB_BENCH_PROFILE_DIR"):
         PROFILER = cProfile.Profile()
         PROFILER.enable()
@@ -76,6 +81,10 @@ def _dump(**_kwargs) -> None:
     directory = os.environ.get("GENJOB_BENCH_COUNT_DIR")
     if directory:
         Path(directory, f"{os.getpid()}.json").write_text(json.dumps(COUNTS))
+        TASKS["last"] = time.time()
+        TASKS["tasks"] = TASKS.get("tasks", 0) + 1
+        TASKS["in_tasks"] = TASKS.get("in_tasks", 0.0) + TASKS["last"] - TASKS["started"]
+        Path(directory, f"{os.getpid()}.tasks").write_text(json.dumps(TASKS))
     profiles = os.environ.get("GENJOB_BENCH_PROFILE_DIR")
     if PROFILER is not None and profiles:
         PROFILER.disable()

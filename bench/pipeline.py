@@ -113,7 +113,7 @@ def main() -> None:
             subprocess.run(
                 [GENJOB, "submit", str(warm), *model, "--chunk-size", "1", "--wait"], env=env, check=False
             )
-            for stale in counts_dir.glob("*.json"):
+            for stale in [*counts_dir.glob("*.json"), *counts_dir.glob("*.tasks")]:
                 stale.unlink()
             path = write_prompts(Path(tmp) / "p.jsonl", args.items)
             done = subprocess.run(
@@ -156,6 +156,7 @@ def main() -> None:
         for key, value in json.loads(dump.read_text()).items():
             counts[key] = counts.get(key, 0) + value
     trips = sum(counts.values())
+    in_tasks = sum(json.loads(dump.read_text())["in_tasks"] for dump in counts_dir.glob("*.tasks"))
     rate = done / drain
     bookkeeping = (args.workers * drain - decode) / done
     print(
@@ -171,6 +172,7 @@ def main() -> None:
         ("throughput", f"{rate:,.0f} items/s"),
         ("engine time (prefill + decode), all workers", f"{decode:.1f} s"),
         ("bookkeeping per item, per worker process", f"{1000 * bookkeeping:.2f} ms"),
+        ("worker processes' time inside tasks / drain", f"{in_tasks / (args.workers * drain):.0%}"),
         ("database round trips per item", f"{trips / done:.3f}"),
         (
             "… of which statements / BEGIN / COMMIT / pre-ping",
