@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.default import DefaultDialect
 
 COUNTS: Counter[str] = Counter()
-TASKS: dict[str, float] = {}  # when this process ran tasks: first start, last end, time inside them
+TASKS: dict[str, float] = {}  # how many tasks this process ran and the time it spent inside them
 PROFILER: cProfile.Profile | None = None
 
 
@@ -69,8 +69,11 @@ DefaultDialect._do_ping_w_event = _counted_ping  # type: ignore[method-assign]
 @task_prerun.connect(weak=False)
 def _profile(**_kwargs) -> None:
     global PROFILER  # from the first task on, waits between tasks included
+    directory = os.environ.get("GENJOB_BENCH_COUNT_DIR")
+    if directory and not Path(directory, f"{os.getpid()}.json").exists():
+        COUNTS.clear()  # the bench removed the files (after its warm-up job): count from here
+        TASKS.clear()
     TASKS["started"] = time.time()
-    TASKS.setdefault("first", TASKS["started"])
     if PROFILER is None and os.environ.get("GENJOB_BENCH_PROFILE_DIR"):
         PROFILER = cProfile.Profile()
         PROFILER.enable()

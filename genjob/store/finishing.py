@@ -101,7 +101,8 @@ FINISH_AND_CLAIM_ON_POSTGRES = text(
     RETURNING {", ".join(f"items.{name}" for name in CLAIMED_COLUMNS)}
 )
 SELECT (SELECT coalesce(json_agg(id), '[]') FROM moved) AS done,
-       (SELECT coalesce(json_agg(json_build_array({", ".join(CLAIMED_COLUMNS)})), '[]')
+       (SELECT coalesce(json_agg(json_build_array({", ".join(CLAIMED_COLUMNS)})
+                             ORDER BY array_position(CAST(:claim AS bigint[]), id)), '[]')
         FROM claimed) AS claimed,
        (SELECT status FROM job) AS job_status,
        (SELECT expires_at <= :now FROM job) AS job_due
@@ -133,10 +134,15 @@ class FinishedAndClaimed:
     by name; each started at ``now``) and the job's status; ``due``: past its deadline, not yet expired."""
 
     done: set[int]
-    claimed: list[dict[str, Any]]
+    claimed: list[dict[str, Any]]  # in the order they were asked for
     now: datetime
     job_status: str | None
     due: bool
+
+    @property
+    def job_ended(self) -> bool:
+        """The job ended, or is past its deadline (a claim in a transaction would expire it)."""
+        return self.job_status in TERMINAL_JOB_STATUSES or self.due
 
 
 def finish_and_claim(

@@ -86,10 +86,18 @@ def reserve_items(
     (the sweeper queues them again if that worker dies), so a duplicate delivery costs one statement.
     """
     now = now or utcnow()
-    # The range by (job_id, seq), the ids by primary key: never by (job_id, status) (``unindexed_eq``).
+    # The items by primary key: the range's ids read in (job_id, seq) order (which only that index
+    # gives), never by (job_id, status), which would read every item of the job (``unindexed_eq``).
     scope: list[ColumnElement[bool]]
     if seq_range is not None:
-        scope = [Item.job_id == job_id, Item.seq >= seq_range[0], Item.seq < seq_range[1]]
+        start, stop = seq_range
+        in_range = (
+            select(Item.id)
+            .where(Item.job_id == job_id, Item.seq >= start, Item.seq < stop)
+            .order_by(Item.seq)
+            .limit(max(0, stop - start))
+        )
+        scope = [Item.id.in_(in_range.scalar_subquery())]
     else:
         scope = [unindexed_eq(Item.job_id, job_id), Item.id.in_(list(item_ids or []))]
     reserved = session.execute(
