@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--runner", choices=["noop", "demo"], default="noop")
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--profile", type=Path, help="cProfile each worker's pool process into this folder")
     args = parser.parse_args()
 
     name = f"genjob_bench_{uuid.uuid4().hex[:8]}"
@@ -79,6 +80,9 @@ def main() -> None:
         GENJOB_BENCH_COUNT_DIR=str(counts_dir),
         PYTHONPATH=str(DOUBLES),
     )
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        env["GENJOB_BENCH_PROFILE_DIR"] = str(args.profile.resolve())
     worker_argv = [sys.executable, str(ROOT / "bench" / "counting_worker.py")]
     if args.runner == "noop":
         worker_argv.append("--noop")
@@ -109,7 +113,7 @@ def main() -> None:
             subprocess.run(
                 [GENJOB, "submit", str(warm), *model, "--chunk-size", "1", "--wait"], env=env, check=False
             )
-            for stale in counts_dir.glob("*.json"):
+            for stale in [*counts_dir.glob("*.json"), *counts_dir.glob("*.tasks")]:
                 stale.unlink()
             path = write_prompts(Path(tmp) / "p.jsonl", args.items)
             done = subprocess.run(
@@ -152,6 +156,7 @@ def main() -> None:
         for key, value in json.loads(dump.read_text()).items():
             counts[key] = counts.get(key, 0) + value
     trips = sum(counts.values())
+    in_tasks = sum(json.loads(dump.read_text())["in_tasks"] for dump in counts_dir.glob("*.tasks"))
     rate = done / drain
     bookkeeping = (args.workers * drain - decode) / done
     print(
@@ -167,6 +172,7 @@ def main() -> None:
         ("throughput", f"{rate:,.0f} items/s"),
         ("engine time (prefill + decode), all workers", f"{decode:.1f} s"),
         ("bookkeeping per item, per worker process", f"{1000 * bookkeeping:.2f} ms"),
+        ("worker processes' time inside tasks / drain", f"{in_tasks / (args.workers * drain):.0%}"),
         ("database round trips per item", f"{trips / done:.3f}"),
         (
             "… of which statements / BEGIN / COMMIT / pre-ping",

@@ -107,20 +107,40 @@ def run_transaction(
     is a conditional update that does nothing the second time. ``ping=False`` skips the pool's
     test of the connection (a round trip): a dead one fails the first statement and is retried.
     """
+
+    def attempt() -> T:
+        with session_scope(url, ping=ping) as session:
+            return fn(session, **kwargs)
+
+    return _retried(attempt, fn.__name__, retry_s)
+
+
+def run_statement(url: str, fn: Callable[..., T], /, *, retry_s: float = 0.0, **kwargs: Any) -> T:
+    """``fn(connection, **kwargs)`` on a pooled connection in autocommit (no pre-ping): each statement
+    commits by itself, with no BEGIN or COMMIT round trip, so ``fn`` must be one statement (atomic
+    alone) or statements that are each safe alone. Retried like ``run_transaction``."""
+
+    def attempt() -> T:
+        with get_engine(url, False).connect() as connection:
+            return fn(connection.execution_options(isolation_level="AUTOCOMMIT"), **kwargs)
+
+    return _retried(attempt, fn.__name__, retry_s)
+
+
+def _retried(attempt: Callable[[], T], name: str, retry_s: float) -> T:
     deadline = time.monotonic() + retry_s
     delay = 0.05
     tries = 0
     while True:
         try:
-            with session_scope(url, ping=ping) as session:
-                return fn(session, **kwargs)
+            return attempt()
         except RETRYABLE_DB_ERRORS as error:
             tries += 1
             wait = delay * random.uniform(0.5, 1.5)
             if time.monotonic() + wait > deadline:
                 raise
             reason = str(error.orig or error).strip().splitlines()[0]
-            log.warning("database error in %s (%s): retry %d in %.2f s", fn.__name__, reason, tries, wait)
+            log.warning("database error in %s (%s): retry %d in %.2f s", name, reason, tries, wait)
             time.sleep(wait)
             delay = min(delay * 2, MAX_RETRY_DELAY_S)
 

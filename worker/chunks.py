@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from genjob import store
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
-from genjob.db import RETRYABLE_DB_ERRORS, run_transaction
+from genjob.db import RETRYABLE_DB_ERRORS, run_statement, run_transaction
 from genjob.generation.costs import expected_speedup
 from genjob.generation.engine_stats import EngineStats
 from genjob.generation.loading import ModelLoadError
@@ -163,6 +163,11 @@ def process_chunk(
     """Generate every open item of the chunk (a range of the job's items, or a list of item ids);
     stop claiming if the job ends meanwhile, or the worker is asked to stop."""
     tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s, ping=False)
+    statement = (
+        functools.partial(run_statement, settings.database_url, retry_s=settings.db_retry_s)
+        if settings.database_url.startswith("postgresql")
+        else None
+    )
     chunk = ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
     holder = lease_holder(worker)
     outcome = ChunkOutcome()
@@ -190,7 +195,9 @@ def process_chunk(
         except Exception as exc:  # this worker's fault (out of memory in warm-up, say)
             raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
         note_once(tx, job_id=job_id, spec=spec)
-        context = ChunkContext(settings=settings, job_id=job_id, holder=holder, worker=worker, tx=tx)
+        context = ChunkContext(
+            settings=settings, job_id=job_id, holder=holder, worker=worker, tx=tx, statement=statement
+        )
         labels = {"model": spec.model, "queue": queue, "mode": spec.mode.value, "worker": worker}
         loop = ItemLoop(runner, context, outcome)
         with metered(runner.engine, outcome, **labels):

@@ -37,7 +37,7 @@ from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
 from genjob.tables import Job
 from genjob.worker.health import stopping
-from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, cut_at_stop
+from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, result_row
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class ChunkContext:
     holder: str  # the lease holder: worker name / pid
     worker: str
     tx: Callable[..., Any]
+    # Postgres: one statement in autocommit (db.run_statement), for the group's write-and-claim
+    statement: Callable[..., Any] | None = None
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -72,27 +74,6 @@ def retry_delay(settings: Settings, attempts: int) -> float:
 
 def _job_ended(session: Session, *, job_id: str) -> bool:
     return session.scalar(select(Job.status).where(Job.id == job_id)) in TERMINAL_JOB_STATUSES
-
-
-def result_row(
-    runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
-) -> dict[str, Any]:
-    stats = done.stats
-    return {
-        "output": cut_at_stop(runner.text(done.token_ids), stop),
-        "finish_reason": stats.finish_reason,
-        "mode": runner.spec.mode.value,
-        "prompt_tokens": stats.prompt_tokens,
-        "new_tokens": stats.new_tokens,
-        "target_rounds": stats.rounds,
-        "draft_proposed": stats.proposed,
-        "draft_accepted": stats.accepted,
-        "draft_rejections": stats.rejections,
-        "gamma_mean": round(stats.mean_gamma, 4),
-        "latency_s": stats.latency_s,
-        "lossless_match": lossless,
-        "worker": worker,
-    }
 
 
 @dataclass
@@ -126,21 +107,16 @@ class ItemLoop:
     # --- writing and claiming, one transaction ----------------------------------------------------------
     def _sync(self, claim: list[int]) -> list[ClaimedItem]:
         """Write what finished; claim ``claim`` (the items the job still has and that nobody else holds)."""
-        settings, context = self.context.settings, self.context
-        finished, failed = self.finished, self.failed
+        context, finished, failed = self.context, self.finished, self.failed
         self.finished, self.failed, self.written_at = [], [], time.monotonic()
         if not (finished or failed or claim):
             return []
-        done, gone, claimed = context.tx(
-            store.write_and_claim,
-            job_id=context.job_id,
-            holder=context.holder,
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-            finished=finished,
-            failed=failed,
-            claim=claim,
-        )
+        if context.statement is not None and not failed:
+            done, gone, claimed = self._finish_and_claim(finished, claim)
+        else:
+            done, gone, claimed = context.tx(
+                store.write_and_claim, finished=finished, failed=failed, claim=claim, **self._scope()
+            )
         self.outcome.done += len(done)
         self.outcome.failed += len(gone)
         for item, _ in finished:
@@ -158,6 +134,30 @@ class ItemLoop:
         self.outcome.skipped += len(claim) - len(claimed)
         self.claimed.update(item.id for item in claimed)
         return claimed
+
+    def _finish_and_claim(
+        self, finished: list[tuple[ClaimedItem, dict[str, Any]]], claim: list[int]
+    ) -> tuple[set[int], set[int], list[ClaimedItem] | store.Refused]:
+        """``store.write_and_claim`` in one statement and one round trip (Postgres, nothing failed)."""
+        context = self.context
+        assert context.statement is not None
+        result = context.statement(store.finish_and_claim, finished=finished, claim=claim, **self._scope())
+        if claim and not result.claimed and result.job_ended:
+            if result.due:  # past its deadline: expire it now, as a claim in a transaction would
+                context.tx(store.expire_due_jobs, job_id=context.job_id)
+            return result.done, set(), store.Refused.JOB_ENDED
+        claimed = [ClaimedItem(job_id=context.job_id, started_at=result.now, **row) for row in result.claimed]
+        return result.done, set(), claimed
+
+    def _scope(self) -> dict[str, Any]:
+        """Who claims and writes, and how: the arguments of every group write and claim."""
+        context = self.context
+        return {
+            "job_id": context.job_id,
+            "holder": context.holder,
+            "lease_s": context.settings.lease_s,
+            "max_attempts": context.settings.max_attempts,
+        }
 
     def _write(self) -> None:
         self._sync([])

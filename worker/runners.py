@@ -27,7 +27,7 @@ from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
 from genjob.generation.loading import check_same_vocabulary, eos_ids, load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup, Proposer
-from genjob.generation.requests import Request, StopCheck
+from genjob.generation.requests import Finished, Request, StopCheck
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
@@ -239,3 +239,25 @@ class RunnerCache:
 
 
 RUNNERS = RunnerCache(JobRunner.build)
+
+
+def result_row(
+    runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
+) -> dict[str, Any]:
+    """An item's result row (``store.finish_items``): its text, cut at a stop string, and its stats."""
+    stats = done.stats
+    return {
+        "output": cut_at_stop(runner.text(done.token_ids), stop),
+        "finish_reason": stats.finish_reason,
+        "mode": runner.spec.mode.value,
+        "prompt_tokens": stats.prompt_tokens,
+        "new_tokens": stats.new_tokens,
+        "target_rounds": stats.rounds,
+        "draft_proposed": stats.proposed,
+        "draft_accepted": stats.accepted,
+        "draft_rejections": stats.rejections,
+        "gamma_mean": round(stats.mean_gamma, 4),
+        "latency_s": stats.latency_s,
+        "lossless_match": lossless,
+        "worker": worker,
+    }

@@ -3,6 +3,7 @@ taking a Session (``jobs``: whole jobs; ``items``: item transitions, set-based, 
 one-statement form on Postgres; ``leases``: who holds an item; ``queued``: what a job has queued).
 Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
+from genjob.store.finishing import finish_and_claim
 from genjob.store.items import (
     ClaimedItem,
     Refused,
@@ -55,6 +56,7 @@ __all__ = [
     "fail_job",
     "finalize_job",
     "finalize_settled_jobs",
+    "finish_and_claim",
     "finish_items",
     "get_job",
     "give_up_exhausted",

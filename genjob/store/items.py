@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus
 from genjob.store.finishing import SUMMED, finish_on_postgres
 from genjob.store.jobs import expire_due_jobs
-from genjob.store.leases import as_utc, gave_up_error, lease_is_free
+from genjob.store.leases import as_utc, gave_up_error, lease_is_free, unindexed_eq
 from genjob.tables import Attempt, Item, Job, Result, utcnow
 
 
@@ -125,9 +125,9 @@ def claim_items(
         update(Item)
         .where(
             live_job.exists(),
-            Item.id.in_(list(item_ids)),
-            Item.job_id == job_id,
-            Item.status == ItemStatus.PENDING,
+            Item.id.in_(list(item_ids)),  # by primary key only (``unindexed_eq``)
+            unindexed_eq(Item.job_id, job_id),
+            unindexed_eq(Item.status, ItemStatus.PENDING),
             Item.attempts < max_attempts,
             lease_is_free(now, worker=worker),
         )
@@ -182,7 +182,7 @@ def _fenced(items: Sequence[ClaimedItem]) -> Any:
     """SQL condition: each item still running under the claim that gave it this fence."""
     return (
         tuple_(Item.id, Item.fence).in_([(item.id, item.fence) for item in items]),
-        Item.status == ItemStatus.RUNNING,
+        unindexed_eq(Item.status, ItemStatus.RUNNING),  # never every running item (by status)
     )
 
 

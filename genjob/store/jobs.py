@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import (
@@ -174,10 +174,9 @@ def fail_job(session: Session, *, job_id: str, error: str) -> None:
 
 def finalize_job(session: Session, *, job_id: str) -> str | None:
     """End a running job whose items are all final; return its new status, or None if still open."""
+    # EXISTS, not count(*): a chunk's close must not read every open item of a large job.
     open_items = session.scalar(
-        select(func.count())
-        .select_from(Item)
-        .where(Item.job_id == job_id, Item.status.in_(list(OPEN_ITEM_STATUSES)))
+        select(exists().where(Item.job_id == job_id, Item.status.in_(list(OPEN_ITEM_STATUSES))))
     )
     if open_items:
         return None

@@ -36,6 +36,19 @@ def as_utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def unindexed_eq(column: Any, value: Any) -> ColumnElement[bool]:
+    """SQL ``column = value`` that no index can serve (``IS NOT DISTINCT FROM``: the same for a column
+    that is never NULL), so the planner reaches the rows by the statement's other conditions.
+
+    A hot-path statement that names a few items (by id, or a range of ``seq``) also checks their job
+    and status; written plainly, the planner may serve those from ``ix_items_job_id_status`` whenever
+    its statistics do not know the job yet (a fresh job: every job, until the next ANALYZE), and then
+    reads every pending item of the job for each group it claims: O(items) per claim, O(items²) a job.
+    """
+    condition: ColumnElement[bool] = column.is_not_distinct_from(value)
+    return condition
+
+
 def lease_is_free(now: datetime, *, worker: str | None = None) -> ColumnElement[bool]:
     """SQL condition: the item is held by nobody, by ``worker``, or by a lease that ran out."""
     conditions = [Item.claimed_by.is_(None), Item.lease_expires_at <= now]
@@ -73,14 +86,23 @@ def reserve_items(
     (the sweeper queues them again if that worker dies), so a duplicate delivery costs one statement.
     """
     now = now or utcnow()
-    scope: list[ColumnElement[bool]] = [Item.job_id == job_id]
+    # The items by primary key: the range's ids read in (job_id, seq) order (which only that index
+    # gives), never by (job_id, status), which would read every item of the job (``unindexed_eq``).
+    scope: list[ColumnElement[bool]]
     if seq_range is not None:
-        scope += [Item.seq >= seq_range[0], Item.seq < seq_range[1]]
+        start, stop = seq_range
+        in_range = (
+            select(Item.id)
+            .where(Item.job_id == job_id, Item.seq >= start, Item.seq < stop)
+            .order_by(Item.seq)
+            .limit(max(0, stop - start))
+        )
+        scope = [Item.id.in_(in_range.scalar_subquery())]
     else:
-        scope.append(Item.id.in_(list(item_ids or [])))
+        scope = [unindexed_eq(Item.job_id, job_id), Item.id.in_(list(item_ids or []))]
     reserved = session.execute(
         update(Item)
-        .where(*scope, Item.status == ItemStatus.PENDING, lease_is_free(now, worker=worker))
+        .where(*scope, unindexed_eq(Item.status, ItemStatus.PENDING), lease_is_free(now, worker=worker))
         .values(claimed_by=worker, lease_expires_at=now + timedelta(seconds=lease_s))
         .returning(Item.id, Item.seq, Item.attempts)
     ).all()

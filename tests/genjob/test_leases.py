@@ -11,28 +11,13 @@ import redis
 from click.testing import CliRunner
 from conftest import REDIS_URL, write_jsonl
 from sqlalchemy import select, text, update
+from store_helpers import RESULT, new_job, reclaim
 
 from genjob import store
 from genjob.cli import main
 from genjob.db import run_transaction, session_scope
-from genjob.formats.reader import PromptItem
-from genjob.options import JobSpec
 from genjob.store import leases
 from genjob.tables import Attempt, Item, Job, Result, utcnow
-
-RESULT = {
-    "output": "x",
-    "finish_reason": "length",
-    "mode": "none",
-    "prompt_tokens": 1,
-    "new_tokens": 1,
-    "target_rounds": 1,
-    "draft_proposed": 0,
-    "draft_accepted": 0,
-    "draft_rejections": 0,
-    "latency_s": 0.1,
-    "worker": "w",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -45,19 +30,6 @@ def end_jobs_left_open(pg_url: str) -> Iterator[None]:
             .where(Job.queue == "q", Job.status.in_(["queued", "running"]))
             .values(status="cancelled")
         )
-
-
-def new_job(url: str, n: int = 3, **kwargs) -> tuple[str, list[int]]:
-    with session_scope(url) as session:
-        job = store.create_job(
-            session,
-            spec=JobSpec(model="m", mode="none"),
-            items=[PromptItem(i, i + 1, f"p{i}", None, None) for i in range(n)],
-            queue="q",
-            **kwargs,
-        )
-        ids = session.scalars(select(Item.id).where(Item.job_id == job.id).order_by(Item.seq)).all()
-        return job.id, list(ids)
 
 
 def claim(url: str, item_id: int, worker: str, *, now=None, max_attempts: int = 3):
@@ -75,10 +47,6 @@ def claim(url: str, item_id: int, worker: str, *, now=None, max_attempts: int = 
         now=now,
     )
     return claimed if claimed is store.Refused.JOB_ENDED else (claimed[0] if claimed else None)
-
-
-def reclaim(url: str, now, **kwargs):
-    return run_transaction(url, leases.reclaim_expired_leases, now=now, max_attempts=3, **kwargs)
 
 
 def finish(url: str, claimed: store.ClaimedItem) -> bool:
