@@ -4,12 +4,13 @@ items are claimed as rows free up; a crashed batch's items finish one at a time.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
-from engine_helpers import Reference
+from engine_helpers import Reference, flat_costs
 from model_factory import build_model, build_tokenizer
 from prompt_files import iter_prompt_file
 from sqlalchemy import select
@@ -134,8 +135,20 @@ def test_a_chunk_of_several_items_is_decoded_in_batches(
     assert batched_job.draft_accepted == sum(r["draft_accepted"] for r in done)
 
 
-def test_a_draft_that_does_not_pay_leaves_the_job_to_plain_decoding(pg_url: str, tmp_path: Path) -> None:
-    """A draft that costs many times the target (and never agrees): the measured costs make k = 0 the
+@pytest.fixture
+def dear_draft_costs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The worker's costs given, not timed (a busy machine must not decide a test): a draft step costs
+    five verifications."""
+    monkeypatch.setattr(runners, "load_or_measure", lambda *_a, **_k: flat_costs(8, draft_step=5.0))
+    runners.measured_costs.cache_clear()
+    yield
+    runners.measured_costs.cache_clear()
+
+
+def test_a_draft_that_does_not_pay_leaves_the_job_to_plain_decoding(
+    pg_url: str, tmp_path: Path, dear_draft_costs: None
+) -> None:
+    """A draft that costs many times the target (and never agrees): the worker's costs make k = 0 the
     best choice, so the job decodes (nearly) plainly, outputs unchanged: no switch, no guard."""
     tokenizer = build_tokenizer()
     paths = []
