@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -158,28 +158,7 @@ def store_job_stream(
     phase("validating and storing")
     start = stream.tell()
 
-    def report() -> None:
-        """Read the file again to name its problems (ids checked too), and raise them."""
-        stream.seek(start)
-        check_prompts(
-            stream,
-            source=source,
-            limits=limits,
-            input_format=input_format,
-            tokenizer=tokenizer,
-            max_new_tokens=spec.max_new_tokens,
-            duplicate_ids=True,
-            model=line_model,
-            endpoint=line_endpoint,
-        )
-        raise AssertionError("the file was refused, but its second read found nothing wrong")
-
-    # One read checks each line and streams it into the COPY; the first bad line rolls the transaction
-    # back, and only then is the file read again to report every problem. Ids are left to the
-    # database's unique index: no set of every id in memory.
-    seen = _SeenEndpoint(line_endpoint)
-    items = valid_prompts(
-        stream,
+    checks: dict[str, Any] = dict(  # the same checks for both reads
         source=source,
         limits=limits,
         input_format=input_format,
@@ -188,6 +167,18 @@ def store_job_stream(
         model=line_model,
         endpoint=line_endpoint,
     )
+
+    def report() -> None:
+        """Read the file again to name its problems (ids checked too), and raise them."""
+        stream.seek(start)
+        check_prompts(stream, duplicate_ids=True, **checks)
+        raise AssertionError("the file was refused, but its second read found nothing wrong")
+
+    # One read checks each line and streams it into the COPY; the first bad line rolls the transaction
+    # back, and only then is the file read again to report every problem. Ids are left to the
+    # database's unique index: no set of every id in memory.
+    seen = _SeenEndpoint(line_endpoint)
+    items = valid_prompts(stream, **checks)
     try:
         with session_scope(settings.database_url) as session:
             if key is not None:

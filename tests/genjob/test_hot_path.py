@@ -4,29 +4,17 @@ reaching items by key, never by every pending item of the job."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, text, update
+from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session
-from store_helpers import RESULT, new_job, reclaim
+from store_helpers import RESULT, end_jobs_left_open, new_job, reclaim  # noqa: F401 (a fixture)
 
 from genjob import store
 from genjob.db import get_engine, run_statement, run_transaction, session_scope
 from genjob.store import leases
 from genjob.tables import Attempt, Item, Job, utcnow
-
-
-@pytest.fixture(autouse=True)
-def end_jobs_left_open(pg_url: str) -> Iterator[None]:
-    yield
-    with session_scope(pg_url) as session:
-        session.execute(
-            update(Job)
-            .where(Job.queue == "q", Job.status.in_(["queued", "running"]))
-            .values(status="cancelled")
-        )
 
 
 def finish_and_claim(url: str, job_id: str, finished: list, claim: list[int], holder: str = "w/1"):

@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 import redis
 from click.testing import CliRunner
 from conftest import REDIS_URL, write_jsonl
-from sqlalchemy import select, text, update
-from store_helpers import RESULT, new_job, reclaim
+from sqlalchemy import select, text
+from store_helpers import RESULT, end_jobs_left_open, new_job, reclaim  # noqa: F401 (a fixture)
 
 from genjob import store
 from genjob.cli import main
 from genjob.db import run_transaction, session_scope
 from genjob.store import leases
 from genjob.tables import Attempt, Item, Job, Result, utcnow
-
-
-@pytest.fixture(autouse=True)
-def end_jobs_left_open(pg_url: str) -> Iterator[None]:
-    """Jobs left open here would be queued again by a later test's worker (broker recovery)."""
-    yield
-    with session_scope(pg_url) as session:
-        session.execute(
-            update(Job)
-            .where(Job.queue == "q", Job.status.in_(["queued", "running"]))
-            .values(status="cancelled")
-        )
 
 
 def claim(url: str, item_id: int, worker: str, *, now=None, max_attempts: int = 3):
