@@ -134,14 +134,19 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
         part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
         sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
         holders.append(sock)
-    stop = threading.Event()
+    stop, flood = threading.Event(), threading.Event()
 
     def keep_sending() -> None:
+        # A trickle (10 KiB/s each, far under the limit for the whole wait) holds both slots however
+        # slowly a busy machine serves them; once the third upload is refused, a flood (640 KiB/s each)
+        # takes the held uploads past the limit.
+        trickle = b'{"prompt": "' + b"x" * 1024 + b'"}\n'
         block = b'{"prompt": "' + b"x" * (64 << 10) + b'"}\n'
         while not stop.wait(0.1):
+            data = block if flood.is_set() else trickle
             for sock in holders:
                 with contextlib.suppress(OSError):
-                    sock.sendall(b"%x\r\n%s\r\n" % (len(block), block))
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
 
     threading.Thread(target=keep_sending, daemon=True).start()
     try:
@@ -161,6 +166,7 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
             )
             assert third.json()["error"]["code"] == "too_many_uploads"
             assert third.headers["retry-after"] == "5"
+            flood.set()
             peak = 0
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline:  # the held uploads grow past the limit and are cut off
