@@ -103,9 +103,9 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
     cost_cache_dir: str | None = Field(
         default="~/.cache/genjob/costs",
-        description="Where workers keep the forward costs they measured, per model pair, batch size, device, "
-        "dtype and torch version, so a new process need not measure them again (empty: measure in every "
-        "process).",
+        description="Where workers keep the forward costs they measured (per model pair, device, dtype, "
+        "torch version and threads; a grid serves every job within its batch size and draft length), so "
+        "a new process need not measure them again (empty: measure in every process).",
     )
     # The HTTP API (``genjob api``).
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(

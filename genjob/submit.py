@@ -158,7 +158,7 @@ def store_job_stream(
     phase("validating and storing")
     start = stream.tell()
 
-    checks: dict[str, Any] = dict(  # the same checks for both reads
+    checks: dict[str, Any] = dict(  # the same checks for both reads (the second also checks ids)
         source=source,
         limits=limits,
         input_format=input_format,
@@ -167,12 +167,6 @@ def store_job_stream(
         model=line_model,
         endpoint=line_endpoint,
     )
-
-    def report() -> None:
-        """Read the file again to name its problems (ids checked too), and raise them."""
-        stream.seek(start)
-        check_prompts(stream, duplicate_ids=True, **checks)
-        raise AssertionError("the file was refused, but its second read found nothing wrong")
 
     # One read checks each line and streams it into the COPY; the first bad line rolls the transaction
     # back, and only then is the file read again to report every problem. Ids are left to the
@@ -213,8 +207,9 @@ def store_job_stream(
             if earlier is None:
                 raise
             return earlier
-    report()  # nothing was stored; this names the lines (and raises)
-    raise AssertionError("unreachable")
+    stream.seek(start)  # nothing was stored: a second read names every problem (ids too) and raises
+    check_prompts(stream, duplicate_ids=True, **checks)
+    raise AssertionError("the file was refused, but its second read found nothing wrong")
 
 
 class _NoPrompts(Exception):

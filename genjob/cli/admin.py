@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -134,8 +135,6 @@ def calibrate(**values: Any) -> None:
         spec = job_spec(settings, parse_job_options(option_values(values)), allow_paths=True)
     except JobOptionsError as exc:
         raise click.ClickException(f"invalid job options: {exc}") from exc
-    import time
-
     from genjob.worker.runners import JobRunner, set_torch_threads
 
     set_torch_threads(settings)
