@@ -1,5 +1,6 @@
 """The API's Prometheus metrics: requests by route and status, jobs submitted by model, and scrape-time
-state from the database and the broker (jobs by status, open items and queue depth per queue).
+state from the database and the broker (jobs by status, open items and queue depth per queue), and
+the uploads being received now.
 
 Each app has its own registry (``app.state.metrics``), so apps built by tests never clash. Labels are
 bounded: the route's template (``/v1/jobs/{job_id}``, never the id), the method, the status code,
@@ -13,8 +14,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from genjob.api.uploads import UploadSlots
 from genjob.db import session_scope
 from genjob.queueing import queue_depths
 from genjob.settings import Settings
@@ -39,7 +41,7 @@ def read_state(settings: Settings) -> dict[str, Any]:
 
 
 class ApiMetrics:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, upload_slots: UploadSlots) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "genjob_api_requests",
@@ -53,11 +55,17 @@ class ApiMetrics:
             ("model",),
             registry=self.registry,
         )
+        self.uploads_receiving = Gauge(
+            "genjob_api_uploads_receiving",
+            "Uploads being received now; past GENJOB_API_MAX_UPLOADS more answer 503.",
+            registry=self.registry,
+        )
+        self.uploads_receiving.set_function(lambda: upload_slots.active)
         self.registry.register(StateCollector(lambda: read_state(settings)))
 
 
 def install_metrics(app: FastAPI, settings: Settings) -> None:
-    metrics = ApiMetrics(settings)
+    metrics = ApiMetrics(settings, app.state.upload_slots)
     app.state.metrics = metrics
 
     @app.middleware("http")

@@ -19,6 +19,7 @@ router = APIRouter(tags=["operations"])
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
 async def metrics(request: Request) -> Response:
-    """Requests, jobs submitted, jobs by status, open items and queue depth (Prometheus text format)."""
+    """Requests, jobs submitted, jobs by status, open items, queue depth and uploads being received
+    (Prometheus text format)."""
     body, content_type = await run_in_threadpool(exposition, request.app.state.metrics.registry)
     return Response(body, media_type=content_type)

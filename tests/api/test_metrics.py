@@ -1,5 +1,5 @@
 """``GET /metrics`` on the API: requests by route template, jobs submitted by model, jobs by status, open
-items and queue depth from the database and the broker; behind the API key; no job ids in labels."""
+items and queue depth from the database and the broker, uploads being received; behind the API key; no job ids in labels."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_api_metrics(client: TestClient, queue_name: str) -> None:
     assert metrics[("genjob_jobs", (("status", "queued"),))] >= 1
     assert metrics[("genjob_open_items", (("queue", queue_name), ("state", "pending")))] == 3
     assert metrics[("genjob_queue_depth", (("queue", queue_name),))] == 2  # chunks of 2
+    assert metrics[("genjob_api_uploads_receiving", ())] == 0  # the upload ended with its request
     assert job_id not in response.text
     client.post(f"/v1/jobs/{job_id}/cancel")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from process_helpers import GENJOB, free_port, running, service_env, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +59,12 @@ def spooled_bytes(pid: int, spool: Path) -> int:
                 if os.readlink(fd).startswith(str(spool)):
                     total += fd.stat().st_size
     return total
+
+
+def uploads_receiving(client: httpx.Client) -> float:
+    """The API's gauge of uploads being received now."""
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return next(f.samples[0].value for f in families if f.name == "genjob_api_uploads_receiving")
 
 
 def closed_after(sock: socket.socket, started: float, limit: float) -> float:
@@ -151,28 +158,28 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
     threading.Thread(target=keep_sending, daemon=True).start()
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
-            third = wait_for(
-                lambda: (
-                    (
-                        response := client.post(
-                            "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
-                        )
-                    ).status_code
-                    == 503
-                    and response
-                ),
-                timeout=20,
-                what="a third upload to be refused",
+            # Both held uploads are inside the server before the third is sent (an upload sent earlier
+            # is not always served first: on a busy machine the third could take a slot for a moment).
+            wait_for(
+                lambda: uploads_receiving(client) == 2, timeout=30, what="both held uploads to be received"
             )
+            third = client.post(
+                "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
+            )
+            assert third.status_code == 503, third.text
             assert third.json()["error"]["code"] == "too_many_uploads"
             assert third.headers["retry-after"] == "5"
             flood.set()
             peak = 0
-            deadline = time.monotonic() + 8
-            while time.monotonic() < deadline:  # the held uploads grow past the limit and are cut off
+
+            def cut_off() -> bool:  # the held uploads grow past the limit and are cut off (413)
+                nonlocal peak
                 peak = max(peak, spooled_bytes(pid, spool))
-                time.sleep(0.2)
+                return uploads_receiving(client) == 0
+
+            wait_for(cut_off, timeout=60, what="the held uploads to be cut off at the limit", every=0.1)
             assert 0 < peak <= 2 * (UPLOAD_LIMIT + (64 << 10))
+            assert all(sock.recv(4096).startswith(b"HTTP/1.1 413") for sock in holders)
             assert (
                 client.post(  # the slots are free again once they are cut off
                     "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
