@@ -15,7 +15,8 @@ Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room
 yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
 verification of k+1 tokens per row. ``choose_draft_length`` picks the k in 0..k_max maximising
 Σ_i E_i(k) / seconds(B, k). k = 0 is plain decoding, so by the model's own measure a round is never
-worse than plain decoding; a new k must beat the current one by a margin (hysteresis).
+worse than plain decoding; a new k > 0 must beat the current one by a margin (hysteresis), while k = 0
+is taken as soon as it pays best.
 Must not know: the database, Celery, HTTP, the core.
 """
 
@@ -270,7 +271,8 @@ def choose_draft_length(
 ) -> int:
     """The k maximising expected tokens per second for these rows (``acceptance`` a_i, ``room`` the
     most drafts row i can use: its proposals and its tokens left − 1); ``current`` unless another k
-    is better by more than ``margin``."""
+    is better by more than ``margin``. The margin guards only the way up: k = 0 (plain decoding) is
+    taken as soon as it pays best, since a round spent drafting on a hunch is a loss nothing repays."""
     batch = len(acceptance)
     k_max = min(k_max, max(room, default=0))  # drafts nobody can use would be verified for nothing
     best_k, best, at_current = 0, -1.0, -1.0
@@ -281,7 +283,8 @@ def choose_draft_length(
             best_k, best = k, goodput
         if k == current:
             at_current = goodput
-    if current <= k_max and at_current > 0 and best <= at_current * (1 + margin):
+    keep = best <= at_current * (1 + margin) and not (best_k == 0 < current and best > at_current)
+    if current <= k_max and at_current > 0 and keep:
         return current
     return best_k
 

@@ -38,6 +38,10 @@ def test_the_draft_length_follows_acceptance_and_cost() -> None:
     assert choose_draft_length(cheap, [0.9], [0], k_max=6, current=0) == 0  # no room for drafts
     # hysteresis: a k close to the best is kept
     assert choose_draft_length(cheap, [0.6], [6], k_max=6, current=3) == 3
+    # ... but not on the way down to plain decoding: k = 0 is taken as soon as it pays best
+    level = costs(0.0, [1.0, 1.99, 2.98])  # k = 1 at α = 0.985 yields 1.985 tokens for 1.99 s
+    assert choose_draft_length(level, [0.985], [2], k_max=1, current=1) == 0
+    assert choose_draft_length(level, [0.995], [2], k_max=1, current=0) == 0  # up: within the margin
 
 
 def test_one_slow_round_does_not_keep_a_draft_length_out_of_use() -> None:
