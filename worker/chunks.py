@@ -166,7 +166,7 @@ def _open(
 ) -> tuple[JobSpec, list[int], str] | None:
     """Open the chunk: one statement on Postgres (``store.open_chunk``), a transaction on SQLite."""
     if statement is None:
-        return tx(_open_chunk, chunk=chunk, holder=holder, settings=settings)  # type: ignore[no-any-return]
+        return tx(_open_chunk, chunk=chunk, holder=holder, settings=settings)
     opened = statement(
         store.open_chunk,
         job_id=chunk.job_id,
