@@ -8,11 +8,12 @@ job's expected speedup is derived again from its sums and the costs this worker 
 
 Reliability: the chunk's items are leased to this process (renewed by its ``LeaseRenewer`` thread), so
 no other worker runs them while it lives and the sweeper takes them back once it dies. Every database
-write is a short transaction retried with backoff on a dropped connection. Faults land where they
-belong: a model that cannot load fails the job; anything else that fails while this worker holds
-items (its device, out of memory in warm-up, a bug) costs each held item a try and ends its lease at
-once (``WorkerFault``), so a flapping worker cannot loop a job forever: after ``GENJOB_MAX_ATTEMPTS``
-the items fail with the error and the job ends.
+write is a short transaction (on Postgres, mostly one statement alone: ``store.open_chunk``, a group's
+``finish_and_claim``, ``store.close_chunk``) retried with backoff on a dropped connection. Faults
+land where they belong: a model that cannot load fails the job; anything else that fails while this
+worker holds items (its device, out of memory in warm-up, a bug) costs each held item a try and ends
+its lease at once (``WorkerFault``), so a flapping worker cannot loop a job forever: after
+``GENJOB_MAX_ATTEMPTS`` the items fail with the error and the job ends.
 Must not know: HTTP, the CLI.
 """
 
@@ -284,6 +285,7 @@ def process_chunk(
             outcome.stopped = True
             return outcome
         except Exception as exc:  # this worker's fault (out of memory in warm-up, say)
+            renewal.stop()  # the leases it ends stay ended
             raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
         note_once(tx, job_id=job_id, spec=spec)
         context = ChunkContext(
@@ -297,6 +299,7 @@ def process_chunk(
             except RETRYABLE_DB_ERRORS:
                 raise  # the database is away: the task queues the chunk again later
             except Exception as exc:
+                renewal.stop()
                 raise _fault(
                     tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc, loop=loop
                 ) from exc
