@@ -6,13 +6,14 @@ item loop (``genjob.worker.item_loop``); at the end the engine's measurements of
 plain probe rounds, prefill, the worker's busy time, the γ histogram) are added to the job, and the
 job's expected speedup is derived again from its sums and the costs this worker measured.
 
-Reliability: the chunk's items are leased to this process (renewed by a ``LeaseKeeper`` thread), so
+Reliability: the chunk's items are leased to this process (renewed by its ``LeaseRenewer`` thread), so
 no other worker runs them while it lives and the sweeper takes them back once it dies. Every database
-write is a short transaction retried with backoff on a dropped connection. Faults land where they
-belong: a model that cannot load fails the job; anything else that fails while this worker holds
-items (its device, out of memory in warm-up, a bug) costs each held item a try and ends its lease at
-once (``WorkerFault``), so a flapping worker cannot loop a job forever: after ``GENJOB_MAX_ATTEMPTS``
-the items fail with the error and the job ends.
+write is a short transaction (on Postgres, mostly one statement alone: ``store.open_chunk``, a group's
+``finish_and_claim``, ``store.close_chunk``) retried with backoff on a dropped connection. Faults
+land where they belong: a model that cannot load fails the job; anything else that fails while this
+worker holds items (its device, out of memory in warm-up, a bug) costs each held item a try and ends
+its lease at once (``WorkerFault``), so a flapping worker cannot loop a job forever: after
+``GENJOB_MAX_ATTEMPTS`` the items fail with the error and the job ends.
 Must not know: HTTP, the CLI.
 """
 
@@ -38,8 +39,8 @@ from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store import leases
 from genjob.tables import Job
-from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop
-from genjob.worker.leasing import LeaseKeeper, lease_holder
+from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop, Rows
+from genjob.worker.leasing import RENEWER, lease_holder
 from genjob.worker.metrics import metered
 from genjob.worker.provenance import note_once
 from genjob.worker.runners import RUNNERS, JobRunner
@@ -130,26 +131,119 @@ def _close_chunk(
         leases.release_reservations(session, item_ids=item_ids, worker=holder)
     if measured is not None and runner is not None:
         job = store.record_chunk(session, job_id=job_id, measured=measured)
-        if job is not None:
-            _derive(job, runner)
+        derived = _derive(job, runner) if job is not None else None
+        for name, value in (derived or {}).items():
+            setattr(job, name, value)
     store.finalize_job(session, job_id=job_id)
 
 
-def _derive(job: Job, runner: JobRunner) -> None:
-    """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums."""
+def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
+    """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums
+    (``job``: a ``Job``, or the row ``store.close_chunk`` returned); None if it has nothing to derive."""
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
     if runner.engine.proposer is None or not hist:
-        return
+        return None
     costs = runner.engine.costs
     batch = job.decode_rows / job.decode_rounds if job.decode_rounds else 1.0
     tried = job.draft_accepted + job.draft_rejections
     alpha = job.draft_accepted / tried if tried else 0.0
-    job.expected_speedup = expected_speedup(costs, alpha, hist, batch)
     plain = costs.verify_seconds(max(1, round(batch)), 1)
-    job.cost_ratio = costs.draft_seconds(max(1, round(batch))) / plain
     summary: dict[str, Any] = costs.as_dict()
     summary["at_batch"] = costs.at_batch(batch, sorted(hist))
-    job.costs = summary
+    return {
+        "expected_speedup": expected_speedup(costs, alpha, hist, batch),
+        "cost_ratio": costs.draft_seconds(max(1, round(batch))) / plain,
+        "costs": summary,
+    }
+
+
+def _open(
+    tx: Callable[..., Any],
+    statement: Callable[..., Any] | None,
+    *,
+    chunk: ChunkRef,
+    holder: str,
+    settings: Settings,
+) -> tuple[JobSpec, list[int], str] | None:
+    """Open the chunk: one statement on Postgres (``store.open_chunk``), a transaction on SQLite."""
+    if statement is None:
+        return tx(_open_chunk, chunk=chunk, holder=holder, settings=settings)
+    opened = statement(
+        store.open_chunk,
+        job_id=chunk.job_id,
+        holder=holder,
+        lease_s=settings.lease_s,
+        max_attempts=settings.max_attempts,
+        seq_range=chunk.seq_range,
+        item_ids=chunk.item_ids,
+    )
+    if opened is None or opened.status in TERMINAL_JOB_STATUSES:
+        return None
+    if opened.due:  # past its deadline: it ends now (nothing was leased)
+        tx(store.expire_due_jobs, job_id=chunk.job_id)
+        return None
+    return JobSpec.model_validate(opened.spec), opened.reserved, opened.queue
+
+
+def _close(
+    tx: Callable[..., Any],
+    statement: Callable[..., Any] | None,
+    *,
+    job_id: str,
+    holder: str,
+    let_go: list[int],
+    finished: Rows | None = None,
+    measured: store.ChunkMeasurements | None = None,
+    runner: JobRunner | None = None,
+    interrupted: bool = False,
+) -> set[int]:
+    """Close the chunk: write its last ``finished`` items, let go of those it did not run, add what
+    it measured to the job, end the job if it is over. On Postgres one statement (``store.close_chunk``),
+    one more to write what a speculative job derives from its new sums, and ``finalize_job`` only when
+    the job's counters add up; on SQLite a transaction (``_close_chunk``). Returns the ids written done."""
+    if runner is None:
+        measured = None
+    if statement is None:
+        assert not finished  # the item loop wrote them (``keep_last`` is for Postgres)
+        tx(
+            _close_chunk,
+            job_id=job_id,
+            item_ids=let_go,
+            holder=holder,
+            measured=measured,
+            runner=runner,
+            interrupted=interrupted,
+        )
+        return set()
+    closed = statement(
+        store.close_chunk,
+        job_id=job_id,
+        holder=holder,
+        finished=finished or [],
+        let_go=let_go,
+        interrupted=interrupted,
+        measured=measured,
+    )
+    if closed is None:
+        return set()
+    if closed.may_have_ended:
+        tx(store.finalize_job, job_id=job_id)
+    derived = _derive(closed, runner) if measured is not None and runner is not None else None
+    if derived is not None:
+        statement(store.record_derived, job_id=job_id, seen=closed, values=derived)
+    return closed.finished
+
+
+def _measured(runner: JobRunner, started: float) -> store.ChunkMeasurements | None:
+    engine = getattr(runner, "engine", None)
+    if engine is None:
+        return None
+    return measurements(
+        engine.stats.take(),
+        busy_seconds=time.perf_counter() - started,
+        draft_tokens=engine.k if engine.proposer is not None else None,
+        setup_extra_s=runner.take_setup_extra() if isinstance(runner, JobRunner) else 0.0,
+    )
 
 
 def process_chunk(
@@ -171,20 +265,18 @@ def process_chunk(
     chunk = ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
     holder = lease_holder(worker)
     outcome = ChunkOutcome()
-    opened = tx(_open_chunk, chunk=chunk, holder=holder, settings=settings)
+    opened = _open(tx, statement, chunk=chunk, holder=holder, settings=settings)
     if opened is None:
         outcome.skipped, outcome.stopped = len(chunk), True
         return outcome
     spec, mine, queue = opened
     outcome.skipped = len(chunk) - len(mine)  # final, or held by another live worker
-    if not mine:
-        tx(store.finalize_job, job_id=job_id)
+    if not mine:  # the job may have ended with the items another worker finished
+        _close(tx, statement, job_id=job_id, holder=holder, let_go=[])
         return outcome
     started = time.perf_counter()
-    runner: JobRunner | None = None
-    measured = None
     # The leases are renewed from here on: loading the models may take longer than a lease.
-    with LeaseKeeper(settings, item_ids=mine, holder=holder):
+    with RENEWER.holding(settings, item_ids=mine, holder=holder) as renewal:
         try:
             runner = RUNNERS.get(job_id, spec, settings=settings)
         except ModelLoadError as exc:  # the job's fault: it fails
@@ -193,6 +285,7 @@ def process_chunk(
             outcome.stopped = True
             return outcome
         except Exception as exc:  # this worker's fault (out of memory in warm-up, say)
+            renewal.stop()  # the leases it ends stay ended
             raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
         note_once(tx, job_id=job_id, spec=spec)
         context = ChunkContext(
@@ -202,32 +295,29 @@ def process_chunk(
         loop = ItemLoop(runner, context, outcome)
         with metered(runner.engine, outcome, **labels):
             try:
-                loop.run(mine)
+                loop.run(mine, keep_last=statement is not None)  # the last group goes with the close
             except RETRYABLE_DB_ERRORS:
                 raise  # the database is away: the task queues the chunk again later
             except Exception as exc:
+                renewal.stop()
                 raise _fault(
                     tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc, loop=loop
                 ) from exc
-        engine = getattr(runner, "engine", None)
-        if engine is not None:
-            busy = time.perf_counter() - started
-            k = engine.k if engine.proposer is not None else None
-            measured = measurements(
-                engine.stats.take(),
-                busy_seconds=busy,
-                draft_tokens=k,
-                setup_extra_s=runner.take_setup_extra() if isinstance(runner, JobRunner) else 0.0,
+            measured = _measured(runner, started)
+            renewal.stop()  # none after the close, which may end leases (a graceful stop)
+            last, loop.finished = loop.finished, []
+            done = _close(
+                tx,
+                statement,
+                job_id=job_id,
+                holder=holder,
+                let_go=[i for i in mine if i not in loop.claimed or i in loop.alone],  # still held pending
+                finished=last,
+                measured=measured,
+                runner=runner,
+                interrupted=outcome.interrupted,
             )
-    tx(
-        _close_chunk,
-        job_id=job_id,
-        item_ids=[i for i in mine if i not in loop.claimed or i in loop.alone],  # still held pending
-        holder=holder,
-        measured=measured,
-        runner=runner,
-        interrupted=outcome.interrupted,
-    )
+            loop.written(last, done, set())
     return outcome
 
 

@@ -3,10 +3,9 @@
 Every job, every batch size (1 included), every mode runs here. Items are claimed a group at a time
 (one UPDATE … RETURNING: an attempt each, fenced) as the engine frees rows for them (at least a
 quarter of the batch, or all it has when it runs dry), then decoded in the batch; the rows that
-finished are written in the same transaction as the next claim (results, attempts and the job's sums
-a statement each for the group), so the bookkeeping costs a few round trips per group, not per item.
-Sampled greedy items of a speculative job also get a twin row decoded without drafts; the item's
-result records whether both agree (the lossless check).
+finished are written with the next claim (one statement on Postgres; the last group's with the
+chunk's close), so the bookkeeping costs a round trip per group, not per item. Sampled greedy items
+of a speculative job also get a twin row decoded without drafts (the lossless check).
 
 Faults: an item whose prompt cannot be decoded here (too long for the context) fails alone. If a
 round raises, the batch is lost: its items go back (their try counted) and run one at a time after
@@ -44,6 +43,9 @@ log = logging.getLogger(__name__)
 MAX_RETRY_BACKOFF_S = 60.0
 JOB_CHECK_EVERY_S = 1.0
 WRITE_EVERY_S = 1.0  # finished rows wait at most this long for the next claim's transaction
+DROPPED = "job %s item %s: finished after its lease was taken over; result dropped"
+Rows = list[tuple[ClaimedItem, dict[str, Any]]]  # finished items and their result rows
+Claimed = list[ClaimedItem] | store.Refused
 
 
 @dataclass
@@ -85,17 +87,19 @@ class ItemLoop:
     twins: dict[int, Finished | None] = field(default_factory=dict)  # item id -> its plain twin, once done
     held: dict[int, Finished] = field(default_factory=dict)  # items done, waiting for their twin
     alone: list[int] = field(default_factory=list)  # items of a lost batch, to run one at a time
-    finished: list[tuple[ClaimedItem, dict[str, Any]]] = field(default_factory=list)  # to write
+    finished: Rows = field(default_factory=list)  # to write
     failed: list[tuple[ClaimedItem, str]] = field(default_factory=list)  # to write
     claimed: set[int] = field(default_factory=set)  # every item this chunk claimed
     written_at: float = field(default_factory=time.monotonic)
     stop_seen: float | None = None
 
-    def run(self, item_ids: list[int]) -> None:
+    def run(self, item_ids: list[int], *, keep_last: bool = False) -> None:
+        """``keep_last``: the last group's results are left in ``finished``, for the chunk's close."""
         engine = self.runner.engine
         engine.max_rows = max(1, min(self.runner.batch_size, len(item_ids)))
         self._batched(deque(item_ids))
-        self._write()
+        if not keep_last or self.failed or self.alone:
+            self._write()
         if self.alone:
             engine.max_rows = 1
             for item_id in self.alone:
@@ -117,15 +121,7 @@ class ItemLoop:
             done, gone, claimed = context.tx(
                 store.write_and_claim, finished=finished, failed=failed, claim=claim, **self._scope()
             )
-        self.outcome.done += len(done)
-        self.outcome.failed += len(gone)
-        for item, _ in finished:
-            if item.id not in done:
-                log.warning(
-                    "job %s item %s: finished after its lease was taken over; result dropped",
-                    item.job_id,
-                    item.seq,
-                )
+        self.written(finished, done, gone)
         if claimed is store.Refused.JOB_ENDED:
             self.outcome.stopped = True
             self.outcome.skipped += len(claim)
@@ -135,9 +131,15 @@ class ItemLoop:
         self.claimed.update(item.id for item in claimed)
         return claimed
 
-    def _finish_and_claim(
-        self, finished: list[tuple[ClaimedItem, dict[str, Any]]], claim: list[int]
-    ) -> tuple[set[int], set[int], list[ClaimedItem] | store.Refused]:
+    def written(self, finished: Rows, done: set[int], gone: set[int]) -> None:
+        """Count a write's ``done`` and ``gone`` items; the rest of ``finished`` lost their lease."""
+        self.outcome.done += len(done)
+        self.outcome.failed += len(gone)
+        for item, _ in finished:
+            if item.id not in done:
+                log.warning(DROPPED, item.job_id, item.seq)
+
+    def _finish_and_claim(self, finished: Rows, claim: list[int]) -> tuple[set[int], set[int], Claimed]:
         """``store.write_and_claim`` in one statement and one round trip (Postgres, nothing failed)."""
         context = self.context
         assert context.statement is not None
@@ -159,7 +161,7 @@ class ItemLoop:
             "max_attempts": context.settings.max_attempts,
         }
 
-    def _write(self) -> None:
+    def _write(self) -> None:  # what finished, without a claim
         self._sync([])
 
     def _due_for_writing(self, todo: deque[int]) -> bool:

@@ -1,8 +1,10 @@
 """The store: every SQL statement on jobs, items, results and attempts, as keyword-only functions
 taking a Session (``jobs``: whole jobs; ``items``: item transitions, set-based, ``finishing`` their
-one-statement form on Postgres; ``leases``: who holds an item; ``queued``: what a job has queued).
+one-statement form on Postgres, ``chunk_ends`` a chunk's opening and closing alike; ``leases``: who
+holds an item; ``queued``: what a job has queued).
 Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
+from genjob.store.chunk_ends import ClosedChunk, OpenedChunk, close_chunk, open_chunk, record_derived
 from genjob.store.finishing import finish_and_claim
 from genjob.store.items import (
     ClaimedItem,
@@ -45,10 +47,13 @@ from genjob.store.queued import (
 __all__ = [
     "ChunkMeasurements",
     "ClaimedItem",
+    "ClosedChunk",
     "JobNotFound",
+    "OpenedChunk",
     "Refused",
     "cancel_job",
     "claim_items",
+    "close_chunk",
     "count_a_try_and_let_go",
     "create_job",
     "expire_due_jobs",
@@ -65,9 +70,11 @@ __all__ = [
     "live_jobs_with_pending_items",
     "mark_job_running",
     "new_job_id",
+    "open_chunk",
     "pending_item_chunks",
     "pending_ranges",
     "record_chunk",
+    "record_derived",
     "record_queued",
     "release_items",
     "retry_failed_items",

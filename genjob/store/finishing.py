@@ -41,7 +41,7 @@ RESULT_COLUMNS = {
 }
 # Postgres: a group's whole finish in one statement (data-modifying CTEs): the fenced move to done,
 # an attempt row each, the results upserted and the job's sums, from one JSON parameter.
-_FINISHED_CTES = f"""
+FINISHED_CTES = f"""
 WITH fin AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         item_id bigint, fence bigint, started_at timestamptz,
@@ -69,14 +69,16 @@ WITH fin AS (
            count(*) FILTER (WHERE fin.lossless_match) AS matches
     FROM fin JOIN moved ON moved.id = fin.item_id
 )"""
-_COUNT = f"""
-    UPDATE jobs SET done = jobs.done + summed.n,
+# The group's sums added to the job's (an UPDATE's SET list, FROM summed).
+COUNTED = f"""done = jobs.done + summed.n,
         {", ".join(f"{name} = jobs.{name} + summed.{name}" for name in SUMMED)},
         generate_seconds = jobs.generate_seconds + summed.latency_s,
         lossless_checked = jobs.lossless_checked + summed.checked,
-        lossless_matches = jobs.lossless_matches + summed.matches
+        lossless_matches = jobs.lossless_matches + summed.matches"""
+_COUNT = f"""
+    UPDATE jobs SET {COUNTED}
     FROM summed WHERE jobs.id = :job_id"""
-FINISH_ON_POSTGRES = text(f"{_FINISHED_CTES}, counted AS ({_COUNT} AND summed.n > 0)\nSELECT id FROM moved")
+FINISH_ON_POSTGRES = text(f"{FINISHED_CTES}, counted AS ({_COUNT} AND summed.n > 0)\nSELECT id FROM moved")
 CLAIMED_COLUMNS = (
     *("id", "seq", "prompt", "max_new_tokens", "attempts", "fence", "error"),
     *("temperature", "top_p", "seed", "stop"),
@@ -87,7 +89,7 @@ ENDED = ", ".join(f"'{status}'" for status in sorted(TERMINAL_JOB_STATUSES))
 # under that lock: a cancel or expiry that commits first is seen (nothing claimed); one that comes
 # later waits for this statement. Items are reached by primary key only (leases.unindexed_eq).
 FINISH_AND_CLAIM_ON_POSTGRES = text(
-    f"""{_FINISHED_CTES}, job AS ({_COUNT}
+    f"""{FINISHED_CTES}, job AS ({_COUNT}
     RETURNING jobs.status, jobs.expires_at
 ), claimed AS (
     UPDATE items SET status = 'running', attempts = items.attempts + 1, fence = items.fence + 1,
@@ -110,7 +112,7 @@ SELECT (SELECT coalesce(json_agg(id), '[]') FROM moved) AS done,
 )
 
 
-def _finished_params(
+def finished_params(
     finished: Sequence[tuple[Any, dict[str, Any]]], *, job_id: str, holder: str, now: datetime
 ) -> dict[str, Any]:
     rows = [
@@ -124,7 +126,7 @@ def _finished_params(
 def finish_on_postgres(
     session: Session, *, job_id: str, finished: Sequence[tuple[Any, dict[str, Any]]], holder: str
 ) -> set[int]:
-    params = _finished_params(finished, job_id=job_id, holder=holder, now=utcnow())
+    params = finished_params(finished, job_id=job_id, holder=holder, now=utcnow())
     return set(session.scalars(FINISH_ON_POSTGRES, params))
 
 
@@ -159,7 +161,7 @@ def finish_and_claim(
     """Record ``finished`` (one job's) and claim the items ``claim`` of ``job_id``, one statement:
     run it on a connection in autocommit (``genjob.db.run_statement``), it is atomic by itself."""
     now = now or utcnow()
-    params = _finished_params(finished, job_id=job_id, holder=holder, now=now)
+    params = finished_params(finished, job_id=job_id, holder=holder, now=now)
     params.update(claim=list(claim), max_attempts=max_attempts, lease_until=now + timedelta(seconds=lease_s))
     row = connection.execute(FINISH_AND_CLAIM_ON_POSTGRES, params).one()
     claimed = [dict(zip(CLAIMED_COLUMNS, values, strict=True)) for values in row.claimed]

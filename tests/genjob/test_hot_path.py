@@ -140,7 +140,22 @@ def test_hot_path_statements_reach_items_by_key_not_by_every_pending_item(pg_url
             max_attempts=3,
         )
         connection.commit()
+        # a chunk's open and close (store.chunk_ends)
+        opened = store.open_chunk(
+            connection, job_id=job_id, holder="w/1", lease_s=10, max_attempts=3, seq_range=(600, 664)
+        )
+        assert opened is not None and len(opened.reserved) == 64
+        store.close_chunk(
+            connection,
+            job_id=job_id,
+            holder="w/1",
+            finished=[],
+            let_go=opened.reserved,
+            interrupted=False,
+            measured=None,
+        )
+        connection.commit()
     items_plans = [plan for plan in plans if "items" in plan and "Query Text" in plan]
-    assert len(items_plans) >= 5
+    assert len(items_plans) >= 7
     bad = [plan for plan in items_plans if "ix_items_job_id_status" in plan]
     assert not bad, "\n\n".join(bad)

@@ -1,0 +1,222 @@
+"""Postgres: a chunk opened and closed in one statement each (data-modifying CTEs, run in autocommit).
+
+Opening (``open_chunk``) reads the job, marks it running if it was queued and leases the chunk's
+pending items to the worker (failing those that used every try), as ``leases.reserve_items`` and
+``jobs.mark_job_running`` do in a transaction; closing (``close_chunk``) writes the chunk's last
+finished items (as ``finishing`` does), gives back the items the chunk did not run and adds the
+engine's measurements to the job, as ``leases.release_reservations`` / ``end_leases`` and
+``jobs.record_chunk`` do, and says whether the job may have ended (its counters add up), the one
+case where the caller asks ``jobs.finalize_job``. One round trip each, no BEGIN or COMMIT; the job's
+row is locked only while the server runs the statement, and only when the statement changes it.
+Items are reached by primary key or ``(job_id, seq)``, never by ``(job_id, status)``
+(``leases.unindexed_eq``). SQLite (embedded mode) keeps the transaction path.
+Must not know: Celery, torch, the HTTP API or the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, text, update
+
+from genjob.constants import TERMINAL_JOB_STATUSES
+from genjob.store.finishing import COUNTED, ENDED, FINISHED_CTES, finished_params
+from genjob.store.jobs import ChunkMeasurements
+from genjob.store.leases import WORKER_LOST
+from genjob.tables import Job, utcnow
+
+_FREE = "(items.claimed_by IS NULL OR items.lease_expires_at <= :now OR items.claimed_by = :holder)"
+# The chunk's items: a range of seq read in (job_id, seq) order (only uq_items_job_id_seq gives it),
+# or the ids of an old-format message (checked to be the job's).
+_BY_RANGE = """items.id IN (SELECT id FROM items WHERE job_id = :job_id AND seq >= :start AND seq < :stop
+                   ORDER BY seq LIMIT :size)"""
+_BY_IDS = "items.id = ANY(CAST(:ids AS bigint[])) AND items.job_id IS NOT DISTINCT FROM :job_id"
+_OPEN = """
+WITH job AS (
+    SELECT status, expires_at, spec, queue FROM jobs WHERE id = :job_id
+), live AS (
+    SELECT FROM job WHERE job.status NOT IN ({ended}) AND (job.expires_at IS NULL OR job.expires_at > :now)
+), reserved AS (
+    UPDATE items SET claimed_by = :holder, lease_expires_at = :lease_until
+    WHERE {scope} AND EXISTS (SELECT FROM live) AND items.status IS NOT DISTINCT FROM 'pending'
+      AND {free} AND items.attempts < :max_attempts
+    RETURNING items.id, items.seq
+), gave_up AS (  -- each try killed its worker, say: they fail now, counted in the job's failed
+    UPDATE items SET status = 'failed', claimed_by = :holder, finished_at = :now, lease_expires_at = NULL,
+        error = 'gave up after ' || items.attempts || ' attempts; last: ' || coalesce(items.error, :lost)
+    WHERE {scope} AND EXISTS (SELECT FROM live) AND items.status IS NOT DISTINCT FROM 'pending'
+      AND {free} AND items.attempts >= :max_attempts
+    RETURNING items.id
+), started AS (  -- the job's row is locked only by its first chunk, or one whose items gave up
+    UPDATE jobs SET failed = jobs.failed + (SELECT count(*) FROM gave_up),
+        status = CASE WHEN jobs.status = 'queued' THEN 'running' ELSE jobs.status END,
+        started_at = CASE WHEN jobs.status = 'queued' THEN :now ELSE jobs.started_at END
+    WHERE jobs.id = :job_id AND EXISTS (SELECT FROM live)
+      AND (jobs.status = 'queued' OR EXISTS (SELECT FROM gave_up))
+)
+SELECT job.status, coalesce(job.expires_at <= :now, false) AS due, job.spec, job.queue,
+       (SELECT coalesce(json_agg(id ORDER BY seq), '[]') FROM reserved) AS reserved
+FROM job
+"""
+OPEN_BY_RANGE = text(_OPEN.format(ended=ENDED, scope=_BY_RANGE, free=_FREE))
+OPEN_BY_IDS = text(_OPEN.format(ended=ENDED, scope=_BY_IDS, free=_FREE))
+
+
+@dataclass(frozen=True)
+class OpenedChunk:
+    """The job (its status before the statement; ``due``: past its deadline, not yet expired), its spec
+    and queue, and the chunk's items now leased to the worker, in ``seq`` order (none if it ended)."""
+
+    status: str
+    due: bool
+    spec: dict[str, Any]
+    queue: str
+    reserved: list[int]
+
+    @property
+    def job_ended(self) -> bool:
+        return self.status in TERMINAL_JOB_STATUSES or self.due
+
+
+def open_chunk(
+    connection: Connection,
+    *,
+    job_id: str,
+    holder: str,
+    lease_s: float,
+    max_attempts: int,
+    seq_range: tuple[int, int] | None = None,
+    item_ids: Sequence[int] | None = None,
+    now: datetime | None = None,
+) -> OpenedChunk | None:
+    """Open a chunk of ``job_id`` (its ``seq_range`` [start, stop), or its ``item_ids``) for ``holder``
+    in one statement; None if there is no such job. Nothing is leased if the job ended or is due."""
+    now = now or utcnow()
+    params: dict[str, Any] = {
+        "job_id": job_id,
+        "holder": holder,
+        "now": now,
+        "lease_until": now + timedelta(seconds=lease_s),
+        "max_attempts": max_attempts,
+        "lost": WORKER_LOST,
+    }
+    if seq_range is not None:
+        start, stop = seq_range
+        params.update(start=start, stop=stop, size=max(0, stop - start))
+        statement = OPEN_BY_RANGE
+    else:
+        params["ids"] = list(item_ids or [])
+        statement = OPEN_BY_IDS
+    row = connection.execute(statement, params).one_or_none()
+    if row is None:
+        return None
+    return OpenedChunk(row.status, bool(row.due), row.spec, row.queue, list(row.reserved))
+
+
+SUMS = tuple(  # the columns a chunk's measurements add to
+    name for name in ChunkMeasurements.__dataclass_fields__ if name not in ("gamma_hist", "draft_tokens")
+)
+# Rounds by draft length: the job's histogram plus the chunk's, key by key ({} once a chunk was recorded).
+_HIST = """coalesce((SELECT jsonb_object_agg(k, n) FROM (
+        SELECT key AS k, sum(CAST(value AS bigint)) AS n FROM (
+            SELECT * FROM jsonb_each_text(coalesce(jobs.gamma_hist, '{}'))
+            UNION ALL SELECT * FROM jsonb_each_text(CAST(:hist AS jsonb))) AS both_hists
+        GROUP BY key) AS merged), '{}')"""
+_JOB_COLUMNS = (
+    *("status", "done", "failed", "total", "gamma_hist", "decode_rows", "decode_rounds"),
+    *("draft_accepted", "draft_rejections", "busy_seconds"),
+)
+# The job's row is read from the UPDATE (the newest version, under its lock, with every finish that
+# committed before), or as the statement found it when nothing changed it.
+CLOSE = text(
+    f"""{FINISHED_CTES}, let_go AS (  -- the items it did not run: unleased, or their leases ended now
+    UPDATE items SET claimed_by = CASE WHEN :interrupted THEN items.claimed_by END,
+        lease_expires_at = CASE WHEN :interrupted THEN CAST(:now AS timestamptz) END
+    WHERE items.id = ANY(CAST(:let_go AS bigint[])) AND items.claimed_by = :holder
+      AND (items.status IS NOT DISTINCT FROM 'pending'
+           OR (:interrupted AND items.status IS NOT DISTINCT FROM 'running'))
+), job AS (
+    UPDATE jobs SET {COUNTED},
+        {", ".join(f"{name} = jobs.{name} + :{name}" for name in SUMS)},
+        gamma_hist = CASE WHEN :measured THEN {_HIST} ELSE jobs.gamma_hist END,
+        draft_tokens = coalesce(:draft_tokens, jobs.draft_tokens)
+    FROM summed WHERE jobs.id = :job_id AND (:measured OR summed.n > 0)
+    RETURNING {", ".join(f"jobs.{name}" for name in _JOB_COLUMNS)}
+)
+SELECT (SELECT coalesce(json_agg(id), '[]') FROM moved) AS finished, job_row.*
+FROM (SELECT * FROM job
+      UNION ALL SELECT {", ".join(_JOB_COLUMNS)} FROM jobs WHERE id = :job_id AND NOT EXISTS (SELECT FROM job)
+) AS job_row
+"""
+)
+
+
+@dataclass(frozen=True)
+class ClosedChunk:
+    """What ``close_chunk`` did: the ids it moved to done, and the job's row as it left it (what
+    deriving its expected speedup reads; ``busy_seconds`` tells whether another chunk was recorded
+    since: ``record_derived``)."""
+
+    finished: set[int]
+    status: str
+    done: int
+    failed: int
+    total: int
+    gamma_hist: dict[str, int] | None
+    decode_rows: int
+    decode_rounds: int
+    draft_accepted: int
+    draft_rejections: int
+    busy_seconds: float
+
+    @property
+    def may_have_ended(self) -> bool:
+        """Every item of the live job is counted done or failed (counted under the job's row lock
+        by whoever finished it): ``jobs.finalize_job`` ends it if none is open."""
+        return self.status not in TERMINAL_JOB_STATUSES and self.done + self.failed >= self.total
+
+
+def close_chunk(
+    connection: Connection,
+    *,
+    job_id: str,
+    holder: str,
+    finished: Sequence[tuple[Any, dict[str, Any]]],
+    let_go: Sequence[int],
+    interrupted: bool,
+    measured: ChunkMeasurements | None,
+    now: datetime | None = None,
+) -> ClosedChunk | None:
+    """Close a chunk in one statement: record its last ``finished`` items (fenced, as
+    ``finishing.finish_and_claim`` does), let go of the items it did not run (``let_go``: unleased,
+    or their leases ended now if ``interrupted``), add ``measured`` to the job's sums. None: no job."""
+    now = now or utcnow()
+    sums = asdict(measured) if measured is not None else {}
+    params = finished_params(finished, job_id=job_id, holder=holder, now=now)
+    params.update({name: sums.get(name, 0) for name in SUMS})
+    params.update(
+        let_go=list(let_go),
+        interrupted=interrupted,
+        measured=measured is not None,
+        hist=json.dumps({str(k): n for k, n in (measured.gamma_hist if measured else {}).items()}),
+        draft_tokens=measured.draft_tokens if measured is not None else None,
+    )
+    row = connection.execute(CLOSE, params).one_or_none()
+    if row is None:
+        return None
+    values = row._asdict()
+    return ClosedChunk(**{**values, "finished": set(values["finished"])})
+
+
+def record_derived(connection: Connection, *, job_id: str, seen: ClosedChunk, values: dict[str, Any]) -> bool:
+    """Write what was derived from the job's sums as ``close_chunk`` left them (its expected speedup,
+    cost ratio, costs), unless another chunk was recorded since (its ``busy_seconds`` grew): that
+    chunk derives from the newer sums, so the last write is the newest, as under the row lock."""
+    written = connection.execute(
+        update(Job).where(Job.id == job_id, Job.busy_seconds == seen.busy_seconds).values(**values)
+    )
+    return bool(written.rowcount)
