@@ -1,5 +1,6 @@
 """``GET /metrics`` on the API: requests by route template, jobs submitted by model, jobs by status, open
-items and queue depth from the database and the broker, uploads being received; behind the API key; no job ids in labels."""
+items and queue depth from the database and the broker, uploads being received; behind the API key; no
+job ids in labels."""
 
 from __future__ import annotations
 
