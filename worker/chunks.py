@@ -289,7 +289,13 @@ def process_chunk(
             raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
         note_once(tx, job_id=job_id, spec=spec)
         context = ChunkContext(
-            settings=settings, job_id=job_id, holder=holder, worker=worker, tx=tx, statement=statement
+            settings=settings,
+            job_id=job_id,
+            holder=holder,
+            worker=worker,
+            tx=tx,
+            statement=statement,
+            stop_renewals=renewal.stop,
         )
         labels = {"model": spec.model, "queue": queue, "mode": spec.mode.value, "worker": worker}
         loop = ItemLoop(runner, context, outcome)

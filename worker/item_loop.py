@@ -67,6 +67,7 @@ class ChunkContext:
     tx: Callable[..., Any]
     # Postgres: one statement in autocommit (db.run_statement), for the group's write-and-claim
     statement: Callable[..., Any] | None = None
+    stop_renewals: Callable[[], None] = lambda: None  # before leases are handed back: none renews them
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -232,6 +233,7 @@ class ItemLoop:
         self.in_flight.clear()
         self.twins.clear()
         self.held.clear()
+        self.context.stop_renewals()
         if items:
             self.context.tx(
                 store.release_items,
