@@ -302,6 +302,25 @@ def process_chunk(
         with metered(runner.engine, outcome, **labels):
             try:
                 loop.run(mine, keep_last=statement is not None)  # the last group goes with the close
+                measured = _measured(runner, started)
+                renewal.stop()  # none after the close, which may end leases (a graceful stop)
+                last, loop.finished = loop.finished, []
+                try:
+                    done = _close(
+                        tx,
+                        statement,
+                        job_id=job_id,
+                        holder=holder,
+                        let_go=[i for i in mine if i not in loop.claimed or i in loop.alone],  # held pending
+                        finished=last,
+                        measured=measured,
+                        runner=runner,
+                        interrupted=outcome.interrupted,
+                    )
+                except Exception:
+                    loop.finished = last  # not written: a fault below writes them or counts their try
+                    raise
+                loop.written(last, done, set())
             except RETRYABLE_DB_ERRORS:
                 raise  # the database is away: the task queues the chunk again later
             except Exception as exc:
@@ -309,21 +328,6 @@ def process_chunk(
                 raise _fault(
                     tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc, loop=loop
                 ) from exc
-            measured = _measured(runner, started)
-            renewal.stop()  # none after the close, which may end leases (a graceful stop)
-            last, loop.finished = loop.finished, []
-            done = _close(
-                tx,
-                statement,
-                job_id=job_id,
-                holder=holder,
-                let_go=[i for i in mine if i not in loop.claimed or i in loop.alone],  # still held pending
-                finished=last,
-                measured=measured,
-                runner=runner,
-                interrupted=outcome.interrupted,
-            )
-            loop.written(last, done, set())
     return outcome
 
 

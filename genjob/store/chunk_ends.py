@@ -7,7 +7,8 @@ finished items (as ``finishing`` does), gives back the items the chunk did not r
 engine's measurements to the job, as ``leases.release_reservations`` / ``end_leases`` and
 ``jobs.record_chunk`` do, and says whether the job may have ended (its counters add up), the one
 case where the caller asks ``jobs.finalize_job``. One round trip each, no BEGIN or COMMIT; the job's
-row is locked only while the server runs the statement, and only when the statement changes it.
+row is locked only while the server runs the statement: by the open before the items (in the order a
+cancel or an expiry takes them), by the close only when it changes the row.
 Items are reached by primary key or ``(job_id, seq)``, never by ``(job_id, status)``
 (``leases.unindexed_eq``). SQLite (embedded mode) keeps the transaction path.
 Must not know: Celery, torch, the HTTP API or the CLI.
@@ -36,8 +37,8 @@ _BY_RANGE = """items.id IN (SELECT id FROM items WHERE job_id = :job_id AND seq 
                    ORDER BY seq LIMIT :size)"""
 _BY_IDS = "items.id = ANY(CAST(:ids AS bigint[])) AND items.job_id IS NOT DISTINCT FROM :job_id"
 _OPEN = """
-WITH job AS (
-    SELECT status, expires_at, spec, queue FROM jobs WHERE id = :job_id
+WITH job AS (  -- locked first, as a cancel or expiry locks it before the job's items: no deadlock
+    SELECT status, expires_at, spec, queue FROM jobs WHERE id = :job_id FOR NO KEY UPDATE
 ), live AS (
     SELECT FROM job WHERE job.status NOT IN ({ended}) AND (job.expires_at IS NULL OR job.expires_at > :now)
 ), reserved AS (
@@ -51,7 +52,7 @@ WITH job AS (
     WHERE {scope} AND EXISTS (SELECT FROM live) AND items.status IS NOT DISTINCT FROM 'pending'
       AND {free} AND items.attempts >= :max_attempts
     RETURNING items.id
-), started AS (  -- the job's row is locked only by its first chunk, or one whose items gave up
+), started AS (  -- the job's row changes only at its first chunk, or one whose items gave up
     UPDATE jobs SET failed = jobs.failed + (SELECT count(*) FROM gave_up),
         status = CASE WHEN jobs.status = 'queued' THEN 'running' ELSE jobs.status END,
         started_at = CASE WHEN jobs.status = 'queued' THEN :now ELSE jobs.started_at END

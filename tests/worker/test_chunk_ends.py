@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from store_helpers import RESULT, end_jobs_left_open, new_job  # noqa: F401 (a fixture)
 
 from genjob import store
-from genjob.db import run_statement, run_transaction, session_scope
+from genjob.db import get_engine, run_statement, run_transaction, session_scope
 from genjob.settings import Settings
 from genjob.tables import Attempt, Item, Job, utcnow
 from genjob.worker import chunks, leasing
@@ -119,6 +119,38 @@ def test_open_leases_nothing_once_the_job_ended_or_is_due(pg_url: str) -> None:
         store.cancel_job(session, job=session.get_one(Job, cancelled))
     assert open_chunk(pg_url, cancelled, (0, 2)).reserved == []
     assert open_chunk(pg_url, "no-such-job", (0, 2)) is None
+
+
+def test_open_locks_the_job_before_its_items_as_a_cancel_does(pg_url: str) -> None:
+    """A cancel locks the job's row, then its items: an open that took the items first and then waited
+    for the row would deadlock with it. While another transaction holds the row, the open waits
+    holding no item."""
+    job_id, ids = new_job(pg_url, 4)
+    engine = get_engine(pg_url)
+    opened: list = []
+    with engine.connect() as holder, engine.connect() as other:
+        holder.execute(text("SELECT 1 FROM jobs WHERE id = :job FOR UPDATE"), {"job": job_id})
+        thread = threading.Thread(target=lambda: opened.append(open_chunk(pg_url, job_id, (0, 4))))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not other.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND query LIKE '%gave_up%'"
+            )
+        ).scalar_one():
+            assert time.monotonic() < deadline, "the open never waited for the job's row"
+            time.sleep(0.05)
+        other.rollback()
+        free = other.execute(
+            text("SELECT count(*) FROM (SELECT id FROM items WHERE job_id = :job FOR UPDATE NOWAIT) AS x"),
+            {"job": job_id},
+        ).scalar_one()
+        assert free == 4  # no item is locked by the waiting open
+        other.rollback()
+        holder.rollback()
+        thread.join(timeout=30)
+    assert opened and opened[0].reserved == ids
 
 
 def test_close_writes_the_last_group_lets_go_and_adds_what_was_measured_as_record_chunk_does(
@@ -233,6 +265,31 @@ def test_a_chunk_costs_one_statement_to_open_one_per_group_and_one_to_close(
     assert (job.status, job.done, job.failed) == ("completed", 192, 0)
     with session_scope(pg_url) as session:
         assert session.scalar(text("SELECT count(*) FROM results WHERE job_id = :j"), {"j": job_id}) == 192
+
+
+def test_a_close_that_fails_is_this_workers_fault_its_last_group_written_or_tried_again(
+    pg_url: str, scripted_models: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close carries the last group's results: if it fails (not a lost database), the worker's
+    fault path writes them, counts a try for what is left and ends its leases at once."""
+    settings = Settings(database_url=pg_url, batch_size=16)
+    job_id, _ = new_job(pg_url, 32)
+
+    def broken(*_args, **_kwargs) -> None:
+        raise RuntimeError("the close broke")
+
+    monkeypatch.setattr(store, "close_chunk", broken)
+    with pytest.raises(chunks.WorkerFault, match="the close broke"):
+        chunks.process_chunk(settings=settings, job_id=job_id, worker="w", seq_range=(0, 32))
+    with session_scope(pg_url) as session:
+        held = session.scalar(
+            text("SELECT count(*) FROM items WHERE job_id = :j AND lease_expires_at > now()"), {"j": job_id}
+        )
+        done = session.scalar(
+            text("SELECT count(*) FROM items WHERE job_id = :j AND status = 'done'"), {"j": job_id}
+        )
+    assert held == 0  # no lease left to run out
+    assert done == 32  # the last group was written by the fault path
 
 
 def test_one_thread_renews_every_chunk_of_a_process_and_none_after_its_stop(pg_url: str) -> None:
