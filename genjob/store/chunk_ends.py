@@ -22,15 +22,17 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, text, update
+from sqlalchemy import Connection, bindparam, text, update
 
 from genjob.constants import TERMINAL_JOB_STATUSES
 from genjob.store.finishing import COUNTED, ENDED, FINISHED_CTES, finished_params
 from genjob.store.jobs import ChunkMeasurements
-from genjob.store.leases import WORKER_LOST
-from genjob.tables import Job, utcnow
+from genjob.store.leases import gave_up_error, lease_is_free
+from genjob.tables import Item, Job, utcnow
 
-_FREE = "(items.claimed_by IS NULL OR items.lease_expires_at <= :now OR items.claimed_by = :holder)"
+# The leases' own conditions (``leases``), rendered once into this statement's text.
+_FREE = f"({lease_is_free(bindparam('now'), worker=bindparam('holder'))})"
+_GAVE_UP_ERROR = str(gave_up_error(Item.attempts, Item.error).compile(compile_kwargs={"literal_binds": True}))
 # The chunk's items: a range of seq read in (job_id, seq) order (only uq_items_job_id_seq gives it),
 # or the ids of an old-format message (checked to be the job's).
 _BY_RANGE = """items.id IN (SELECT id FROM items WHERE job_id = :job_id AND seq >= :start AND seq < :stop
@@ -48,7 +50,7 @@ WITH job AS (  -- locked first, as a cancel or expiry locks it before the job's 
     RETURNING items.id, items.seq
 ), gave_up AS (  -- each try killed its worker, say: they fail now, counted in the job's failed
     UPDATE items SET status = 'failed', claimed_by = :holder, finished_at = :now, lease_expires_at = NULL,
-        error = 'gave up after ' || items.attempts || ' attempts; last: ' || coalesce(items.error, :lost)
+        error = {gave_up_error}
     WHERE {scope} AND EXISTS (SELECT FROM live) AND items.status IS NOT DISTINCT FROM 'pending'
       AND {free} AND items.attempts >= :max_attempts
     RETURNING items.id
@@ -63,8 +65,8 @@ SELECT job.status, coalesce(job.expires_at <= :now, false) AS due, job.spec, job
        (SELECT coalesce(json_agg(id ORDER BY seq), '[]') FROM reserved) AS reserved
 FROM job
 """
-OPEN_BY_RANGE = text(_OPEN.format(ended=ENDED, scope=_BY_RANGE, free=_FREE))
-OPEN_BY_IDS = text(_OPEN.format(ended=ENDED, scope=_BY_IDS, free=_FREE))
+OPEN_BY_RANGE = text(_OPEN.format(ended=ENDED, scope=_BY_RANGE, free=_FREE, gave_up_error=_GAVE_UP_ERROR))
+OPEN_BY_IDS = text(_OPEN.format(ended=ENDED, scope=_BY_IDS, free=_FREE, gave_up_error=_GAVE_UP_ERROR))
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,6 @@ def open_chunk(
         "now": now,
         "lease_until": now + timedelta(seconds=lease_s),
         "max_attempts": max_attempts,
-        "lost": WORKER_LOST,
     }
     if seq_range is not None:
         start, stop = seq_range

@@ -49,8 +49,9 @@ def unindexed_eq(column: Any, value: Any) -> ColumnElement[bool]:
     return condition
 
 
-def lease_is_free(now: datetime, *, worker: str | None = None) -> ColumnElement[bool]:
-    """SQL condition: the item is held by nobody, by ``worker``, or by a lease that ran out."""
+def lease_is_free(now: datetime | Any, *, worker: str | Any | None = None) -> ColumnElement[bool]:
+    """SQL condition: the item is held by nobody, by ``worker``, or by a lease that ran out (``now``
+    and ``worker``: values, or SQL expressions such as bind parameters)."""
     conditions = [Item.claimed_by.is_(None), Item.lease_expires_at <= now]
     if worker is not None:
         conditions.append(Item.claimed_by == worker)
