@@ -27,7 +27,7 @@ from sqlalchemy import Connection, bindparam, text, update
 from genjob.constants import TERMINAL_JOB_STATUSES
 from genjob.store.finishing import COUNTED, ENDED, FINISHED_CTES, finished_params
 from genjob.store.jobs import ChunkMeasurements
-from genjob.store.leases import gave_up_error, lease_is_free
+from genjob.store.leases import gave_up_error, ids_in_range, lease_is_free
 from genjob.tables import Item, Job, utcnow
 
 # The leases' own conditions (``leases``), rendered once into this statement's text.
@@ -35,8 +35,7 @@ _FREE = f"({lease_is_free(bindparam('now'), worker=bindparam('holder'))})"
 _GAVE_UP_ERROR = str(gave_up_error(Item.attempts, Item.error).compile(compile_kwargs={"literal_binds": True}))
 # The chunk's items: a range of seq read in (job_id, seq) order (only uq_items_job_id_seq gives it),
 # or the ids of an old-format message (checked to be the job's).
-_BY_RANGE = """items.id IN (SELECT id FROM items WHERE job_id = :job_id AND seq >= :start AND seq < :stop
-                   ORDER BY seq LIMIT :size)"""
+_BY_RANGE = f"items.id IN ({ids_in_range(*map(bindparam, ('job_id', 'start', 'stop', 'size')))})"
 _BY_IDS = "items.id = ANY(CAST(:ids AS bigint[])) AND items.job_id IS NOT DISTINCT FROM :job_id"
 _OPEN = """
 WITH job AS (  -- locked first, as a cancel or expiry locks it before the job's items: no deadlock

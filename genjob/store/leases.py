@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, String, case, cast, func, insert, literal, or_, select, update
+from sqlalchemy import ColumnElement, Select, String, case, cast, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import OPEN_ITEM_STATUSES, TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus, JobStatus
@@ -47,6 +47,17 @@ def unindexed_eq(column: Any, value: Any) -> ColumnElement[bool]:
     """
     condition: ColumnElement[bool] = column.is_not_distinct_from(value)
     return condition
+
+
+def ids_in_range(job_id: Any, start: Any, stop: Any, size: Any) -> Select[int]:
+    """The ids of a job's items with ``seq`` in [start, stop), read in (job_id, seq) order, which only
+    that unique index gives (values, or SQL expressions such as bind parameters)."""
+    return (
+        select(Item.id)
+        .where(Item.job_id == job_id, Item.seq >= start, Item.seq < stop)
+        .order_by(Item.seq)
+        .limit(size)
+    )
 
 
 def lease_is_free(now: datetime | Any, *, worker: str | Any | None = None) -> ColumnElement[bool]:
@@ -92,13 +103,7 @@ def reserve_items(
     scope: list[ColumnElement[bool]]
     if seq_range is not None:
         start, stop = seq_range
-        in_range = (
-            select(Item.id)
-            .where(Item.job_id == job_id, Item.seq >= start, Item.seq < stop)
-            .order_by(Item.seq)
-            .limit(max(0, stop - start))
-        )
-        scope = [Item.id.in_(in_range.scalar_subquery())]
+        scope = [Item.id.in_(ids_in_range(job_id, start, stop, max(0, stop - start)).scalar_subquery())]
     else:
         scope = [unindexed_eq(Item.job_id, job_id), Item.id.in_(list(item_ids or []))]
     reserved = session.execute(
