@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from genjob.generation.forward import cache_shapes, forward_rows
+from genjob.generation.forward import cache_shapes, forward_rows, to_device
 from genjob.generation.proposers import BatchView, Proposal
 from genjob.generation.requests import Row
 from genjob.generation.sampling import draft_tokens
@@ -55,9 +55,9 @@ class DraftModel:
         starts = [row.draft_length for row in rows]
         chunks = [row.context[row.draft_length :] for row in rows]  # the missing tokens + the pending one
         width = max(len(chunk) for chunk in chunks)
-        first = torch.tensor([chunk + [0] * (width - len(chunk)) for chunk in chunks], dtype=torch.long)
-        last = torch.tensor([len(chunk) - 1 for chunk in chunks], device=device)
-        logits = forward_rows(self.model, self.cache, (0, b), starts, first.to(device), last=last)
+        first = to_device([chunk + [0] * (width - len(chunk)) for chunk in chunks], device)
+        last = to_device([len(chunk) - 1 for chunk in chunks], device)
+        logits = forward_rows(self.model, self.cache, (0, b), starts, first, last=last)
         ends = [len(row.context) - 1 for row in rows]  # each row's pending position
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []

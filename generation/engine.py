@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from genjob.generation.costs import CostModel, choose_draft_length
 from genjob.generation.engine_stats import EngineStats, acceptance_estimates
-from genjob.generation.forward import cache_shapes, forward_rows, max_positions
+from genjob.generation.forward import cache_shapes, forward_rows, max_positions, to_device
 from genjob.generation.proposers import BatchView, Proposer
 from genjob.generation.requests import Finished, Request, Row, RowStats
 from genjob.generation.sampling import RowSampling, first_tokens, verify_drafts
@@ -168,8 +168,8 @@ class Engine:
             for row, is_fresh in zip(new, fresh, strict=True)
         ]
         width = max(len(ids) for ids in inputs)
-        ids = torch.tensor([x + [0] * (width - len(x)) for x in inputs], dtype=torch.long, device=self.device)
-        lengths = torch.tensor([len(x) for x in inputs], device=self.device)
+        ids = to_device([x + [0] * (width - len(x)) for x in inputs], self.device)
+        lengths = to_device([len(x) for x in inputs], self.device)
         zero = [0] * len(new)
         self.rows.extend(new)
         try:
@@ -200,9 +200,9 @@ class Engine:
     def _sampling(self, rows: list[Row]) -> RowSampling:
         device = self.device
         return RowSampling(
-            temperature=torch.tensor([row.request.temperature for row in rows], device=device),
-            top_p=torch.tensor([row.request.top_p for row in rows], device=device),
-            seeds=torch.tensor([row.request.seed for row in rows], dtype=torch.long, device=device),
+            temperature=to_device([row.request.temperature for row in rows], device, torch.float32),
+            top_p=to_device([row.request.top_p for row in rows], device, torch.float32),
+            seeds=to_device([row.request.seed for row in rows], device),
             all_greedy=all(row.request.greedy for row in rows),
             any_greedy=any(row.request.greedy for row in rows),
             any_top_p=any(row.request.top_p < 1 for row in rows),
@@ -238,9 +238,9 @@ class Engine:
         available = self.proposer.available(rows, self.k_max) if self.proposer is not None else [0] * b
         k, probe = self._choose_k([min(a, c) for a, c in zip(available, caps, strict=True)])
         old_lengths = [len(row.context) - 1 for row in rows]
-        lengths = torch.tensor(old_lengths, device=device)
-        pending = torch.tensor([row.tokens[-1] for row in rows], device=device)
-        positions = torch.tensor([len(row.tokens) for row in rows], device=device)
+        lengths = to_device(old_lengths, device)
+        pending = to_device([row.tokens[-1] for row in rows], device)
+        positions = to_device([len(row.tokens) for row in rows], device)
         sampling = self._sampling(rows)
         drafts, counts, probs = pending.new_zeros(b, 0), [0] * b, None
         if k and self.proposer is not None:
@@ -250,9 +250,7 @@ class Engine:
         limits = [min(k, n, c) for n, c in zip(counts, caps, strict=True)]
         inputs = torch.cat([pending[:, None], drafts], 1)  # (B, k+1)
         logits = forward_rows(self.target, self.cache, (0, b), old_lengths, inputs)
-        verdict = verify_drafts(
-            logits, drafts, probs, torch.tensor(limits, device=device), sampling, positions
-        )
+        verdict = verify_drafts(logits, drafts, probs, to_device(limits, device), sampling, positions)
         host = torch.cat(  # the round's one host sync
             [
                 verdict.accepted[:, None],

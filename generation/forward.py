@@ -36,6 +36,21 @@ def same(values: list[int]) -> int | None:
     return values[0] if values and min(values) == max(values) else None
 
 
+def to_device(values: list[Any], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values (a list, or a list of equal-length lists) as a tensor on ``device``, without waiting
+    for work the device has queued. ``torch.tensor(values, device="cuda")`` copies from pageable memory
+    and synchronises the stream, so mid-round (between draft steps, before the verification) each such
+    copy would wait for every queued kernel: here the values go through pinned memory with a
+    non-blocking copy instead, which the stream orders after that work (the caching host allocator
+    keeps the pinned block until the copy is done). On the CPU it is ``torch.tensor``."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return tensor
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def max_positions(model: PreTrainedModel) -> int | None:
     """The model's context length (learned position table size), if it declares one."""
     config = model.config
@@ -82,12 +97,13 @@ def forward_rows(
 
     Returns logits (rows, q, V), or, with ``last`` (rows,) the index of each row's last real token,
     only those logits (rows, V) (a prefill: the head runs on one position per row). ``lengths`` come from
-    the host, so nothing here waits for the device; when they are all equal the K/V write is a slice.
+    the host and reach the device without a stream sync (``to_device``), so nothing here waits for the
+    device; when they are all equal the K/V write is a slice.
     Tokens past a row's end (drafts it can never accept, padding) may index past a learned position
     table; they are never kept and only later padding sees them, so their positions are clamped."""
     n, q = input_ids.shape
     steps = torch.arange(q, device=input_ids.device)
-    positions = torch.tensor(lengths, device=input_ids.device)[:, None] + steps  # (rows, q)
+    positions = to_device(lengths, input_ids.device)[:, None] + steps  # (rows, q)
     width = max(lengths) + q
     cursor = cache.cursor
     cursor.start, cursor.stop = rows

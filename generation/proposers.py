@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from genjob.generation.forward import to_device
 from genjob.generation.requests import Row
 from genjob.generation.sampling import RowSampling
 
@@ -125,8 +126,8 @@ class PromptLookup:
     def propose(self, view: BatchView, k: int) -> Proposal:
         guesses = self._guesses(view.rows, k)
         padded = [guess + [0] * (k - len(guess)) for guess in guesses]
-        tokens = torch.tensor(padded, dtype=torch.long).reshape(len(guesses), k)
-        return Proposal(tokens=tokens.to(view.pending.device), counts=[len(g) for g in guesses], probs=None)
+        tokens = to_device(padded, view.pending.device).reshape(len(guesses), k)
+        return Proposal(tokens=tokens, counts=[len(g) for g in guesses], probs=None)
 
     def advance(self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int) -> None:
         pass

@@ -4,6 +4,7 @@ out-of-memory recovery, plain twins (draft_limit=0) — on tiny random models.""
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposers import NgramIndex, PromptLookup
+from genjob.generation.requests import Request
 from genjob.generation.stopping import StopSequences, cut_text
 
 
@@ -173,3 +175,35 @@ def test_the_ngram_index_finds_the_latest_earlier_occurrence() -> None:
     assert index.lookup(context, 2) == [7, 8]  # the latest earlier "1 2 3" was followed by 7 8
     assert index.lookup([*context, 5], 3) == []  # "5", "3 5", "2 3 5" never seen before
     assert NgramIndex(max_n=3).lookup([4, 4], 5) == [4]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs are its matter")
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_round_waits_for_the_device_once(target, tiny_pair, temperature) -> None:
+    """Between draft steps and before the verification nothing waits for the GPU: the round's one host
+    sync is the read of its outcome (host values reach the device through ``to_device``)."""
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    device = torch.device("cuda")
+    engine = Engine(
+        copy.deepcopy(target).to(device),
+        DraftModel(perturbed(target, 1e-3).to(device)),
+        max_rows=4,
+        k_max=4,
+        fixed_k=3,
+        costs=flat_costs(4),
+    )
+    ids = tokenizer("def f(x):")["input_ids"]
+    engine.add(
+        Request(key=i, input_ids=ids, max_new_tokens=40, temperature=temperature, seed=i) for i in range(4)
+    )
+    engine.step()  # admission (the prefill's own sync) and a first round
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert engine.step() == []  # one round, nobody admitted, nobody finished
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
