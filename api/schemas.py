@@ -30,6 +30,9 @@ class JobStatsOut(BaseModel):
     tokens_per_second: float | None
     mean_batch_size: float | None
     gamma_hist: dict[str, int] | None = Field(description="Rounds by draft length k.")
+    drafts_hist: dict[str, int] | None = Field(
+        description="Row-rounds by the drafts the row had (m ≤ k; prompt lookup often has fewer)."
+    )
     draft_tokens: int | None = Field(description="γ last used.")
     cost_ratio: float | None = Field(description="c: draft step / target step at the mean batch size.")
     costs: dict[str, Any] | None = Field(description="Forward costs measured on a worker (ms).")

@@ -41,7 +41,7 @@ from genjob.generation.costs import CostModel, expected_speedup, expected_tokens
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.loading import eos_ids, load_model, load_tokenizer
-from genjob.generation.proposers import PromptLookup
+from genjob.generation.proposers import NgramIndex, PromptLookup
 from genjob.generation.requests import Request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +73,7 @@ class Tally:
         self.outputs: dict[int, list[int]] = {}
         self.accepted = self.rejections = self.rounds = self.rows_sum = 0
         self.gamma: Counter[int] = Counter()
+        self.drafts: Counter[int] = Counter()  # row-rounds by the drafts the row had
         self.engine = False
 
     @property
@@ -87,7 +88,8 @@ class Tally:
     def expected(self, costs: CostModel) -> float | None:
         if self.alpha is None:
             return None
-        return expected_speedup(costs, self.alpha, dict(self.gamma), self.rows_sum / max(self.rounds, 1))
+        batch = self.rows_sum / max(self.rounds, 1)
+        return expected_speedup(costs, self.alpha, dict(self.gamma), batch, dict(self.drafts))
 
 
 def ours(tally: Tally, engine: Engine, group, *, new: int, temperature: float, eos) -> None:
@@ -110,6 +112,7 @@ def absorb(tally: Tally, engine: Engine) -> None:
     tally.accepted, tally.rejections = stats.accepted, stats.rejections
     tally.rounds, tally.rows_sum = stats.rounds, stats.rows_sum
     tally.gamma.update(stats.gamma_hist)
+    tally.drafts.update(stats.drafts_hist)
     tally.engine = True
 
 
@@ -150,6 +153,32 @@ def limit(costs: CostModel, alpha: float | None, batch: int, k_max: int = 8) -> 
         return None
     plain = costs.verify_seconds(batch, 1)
     return max(expected_tokens(alpha, k) * plain / costs.predicted(batch, k) for k in range(k_max + 1))
+
+
+def lookup_limit(
+    costs: CostModel, greedy: list[tuple[list[int], list[int]]], batch: int, k_max: int = 8
+) -> float | None:
+    """Prompt lookup's limit: its best constant k when each row, at each position of its greedy output
+    (prompt, output), drafts min(k, what its own n-grams offer there), a round of k' drafts costing
+    this batch size's round with k' drafts shared by B rows. A position with no earlier match gets no
+    draft, so α alone (as in ``limit``) overstates what prompt lookup can reach."""
+    if not greedy:
+        return None
+    plain = sum(len(out) for _, out in greedy) * costs.verify_seconds(batch, 1)
+    best = 1.0
+    for k in range(1, k_max + 1):
+        spent = 0.0
+        for prompt, out in greedy:
+            index, t = NgramIndex(3), 0
+            while t < len(out):
+                guess = index.lookup(prompt + out[:t], min(k, len(out) - t - 1))
+                run = next(
+                    (i for i, (g, o) in enumerate(zip(guess, out[t:], strict=False)) if g != o), len(guess)
+                )
+                spent += costs.predicted(batch, len(guess))
+                t += run + 1
+        best = max(best, plain / spent)
+    return best
 
 
 def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
@@ -260,7 +289,15 @@ def main() -> None:
                 "tps": run.tps,
                 "speedup": run.tps / base.tps,
                 "expected": run.expected(own_costs[mode]),
-                "limit": limit(own_costs[mode], run.alpha, batch),
+                "limit": (
+                    lookup_limit(
+                        own_costs[mode],
+                        [(dict(keyed)[k], out) for k, out in greedy_plain.outputs.items()],
+                        batch,
+                    )
+                    if mode == "prompt lookup"
+                    else limit(own_costs[mode], run.alpha, batch)
+                ),
                 "alpha": run.alpha,
                 "gamma": dict(sorted(run.gamma.items())) if run.engine else None,
                 "differ": differ,

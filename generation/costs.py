@@ -290,16 +290,24 @@ def choose_draft_length(
 
 
 def expected_speedup(
-    costs: CostModel, alpha: float, gamma_hist: dict[int, int], batch: float
+    costs: CostModel,
+    alpha: float,
+    gamma_hist: dict[int, int],
+    batch: float,
+    drafts_hist: dict[int, int] | None = None,
 ) -> float | None:
-    """Leviathan et al.'s expected speedup with c generalised to the measured verify cost, over the
-    rounds a job ran: Σ_k n_k E(α, k) t_plain(B) / Σ_k n_k (k t_draft(B) + t_verify(B, k+1)), with
-    n_k the rounds at draft length k and B the job's mean batch size."""
+    """Leviathan et al.'s expected speedup with c generalised to the measured verify cost and each row's
+    own number of drafts, over the rounds a job ran: Ē · t_plain(B) / (Σ_k n_k (k t_draft(B) +
+    t_verify(B, k+1)) / Σ_k n_k), with n_k the rounds at draft length k, B the job's mean batch size and
+    Ē = Σ_m r_m E(α, m) / Σ_m r_m the expected tokens of a row's round, r_m the row-rounds in which the
+    row had m drafts (``drafts_hist``; m < k where prompt lookup found fewer, or a row had little room
+    left). Without ``drafts_hist`` every row is taken to have had k: Ē = Σ_k n_k E(α, k) / Σ_k n_k."""
     b = max(1, round(batch))
     rounds = sum(gamma_hist.values())
     if not rounds:
         return None
-    plain = costs.verify_seconds(b, 1)
-    produced = sum(n * expected_tokens(alpha, k) * plain for k, n in gamma_hist.items())
-    spent = sum(n * costs.predicted(b, k) for k, n in gamma_hist.items())
-    return produced / spent
+    per_row = drafts_hist if drafts_hist and sum(drafts_hist.values()) else gamma_hist
+    rows = sum(per_row.values())
+    tokens = sum(n * expected_tokens(alpha, m) for m, n in per_row.items()) / rows  # Ē
+    spent = sum(n * costs.predicted(b, k) for k, n in gamma_hist.items()) / rounds
+    return tokens * costs.verify_seconds(b, 1) / spent

@@ -290,6 +290,7 @@ class Engine:
             proposed=sum(limits),
             accepted=round_accepted,
             rejections=round_rejections,
+            drafts=limits,
         )
         if not probe:
             self.costs.observe(b, k, seconds)

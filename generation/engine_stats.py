@@ -27,6 +27,9 @@ class EngineStats:
     probe_seconds: float = 0.0
     probe_sq: float = 0.0  # Σ over probe rounds of (seconds per token)², for a confidence interval
     gamma_hist: Counter[int] = field(default_factory=Counter)  # rounds by k (probes excluded)
+    # row-rounds by the drafts the row had, m ≤ k (probes excluded): prompt lookup often has fewer than
+    # k or none, and a row near its max_new_tokens can use fewer; the expected speedup counts these
+    drafts_hist: Counter[int] = field(default_factory=Counter)
     proposed: int = 0
     accepted: int = 0
     rejections: int = 0
@@ -49,6 +52,7 @@ class EngineStats:
         proposed: int,
         accepted: int,
         rejections: int,
+        drafts: list[int],
     ) -> None:
         self.rounds += 1
         self.rows_sum += batch
@@ -61,6 +65,7 @@ class EngineStats:
             self.probe_sq += (seconds / max(tokens, 1)) ** 2
         else:
             self.gamma_hist[k] += 1
+            self.drafts_hist.update(drafts)
         self.proposed += proposed
         self.accepted += accepted
         self.rejections += rejections
@@ -76,6 +81,7 @@ class EngineStats:
         """A copy of the counters since the last ``take``, which are then reset (lifetime totals kept)."""
         taken = EngineStats(**{f.name: getattr(self, f.name) for f in fields(self)})
         taken.gamma_hist = Counter(self.gamma_hist)
+        taken.drafts_hist = Counter(self.drafts_hist)
         for f in fields(self):
             if f.name not in ("successes_total", "failures_total"):
                 setattr(self, f.name, type(getattr(self, f.name))())

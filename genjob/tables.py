@@ -115,6 +115,9 @@ class Job(Base):
         Float, default=0.0, comment="Σ worker time on the job's chunks."
     )
     gamma_hist: Mapped[dict[str, int] | None] = mapped_column(Json, comment="Rounds by draft length k.")
+    drafts_hist: Mapped[dict[str, int] | None] = mapped_column(
+        Json, comment="Row-rounds by the drafts the row had (m ≤ k)."
+    )
     costs: Mapped[dict[str, Any] | None] = mapped_column(
         Json, comment="Forward costs measured on a worker (ms)."
     )

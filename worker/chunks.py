@@ -111,6 +111,7 @@ def measurements(
         probe_sq=stats.probe_sq,
         prefill_seconds=stats.prefill_seconds,
         gamma_hist=dict(stats.gamma_hist),
+        drafts_hist=dict(stats.drafts_hist),
         draft_tokens=draft_tokens,
     )
 
@@ -141,6 +142,7 @@ def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
     """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums
     (``job``: a ``Job``, or the row ``store.close_chunk`` returned); None if it has nothing to derive."""
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
+    drafts = {int(m): n for m, n in (job.drafts_hist or {}).items()}
     if runner.engine.proposer is None or not hist:
         return None
     costs = runner.engine.costs
@@ -151,7 +153,7 @@ def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
     summary: dict[str, Any] = costs.as_dict()
     summary["at_batch"] = costs.at_batch(batch, sorted(hist))
     return {
-        "expected_speedup": expected_speedup(costs, alpha, hist, batch),
+        "expected_speedup": expected_speedup(costs, alpha, hist, batch, drafts),
         "cost_ratio": costs.draft_seconds(max(1, round(batch))) / plain,
         "costs": summary,
     }

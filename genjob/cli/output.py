@@ -59,8 +59,8 @@ def job_summary_lines(job: Job) -> list[str]:
     return lines
 
 
-def _gamma_histogram(job: Job) -> str:
-    hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
+def _histogram(stored: dict[str, int] | None) -> str:
+    hist = {int(k): n for k, n in (stored or {}).items()}
     total = sum(hist.values())
     if not total:
         return "-"
@@ -99,7 +99,8 @@ def job_stats_lines(job: Job) -> list[str]:
         f"acceptance rate:         {fmt_float(stats.acceptance_rate)}  (accepted / proposed)",
         f"per-token α:             {fmt_float(stats.alpha)}  (accepted / (accepted + rejections))",
         f"mean accepted per round: {fmt_float(stats.mean_accepted_per_round, '{:.2f}')}",
-        f"draft length γ:          {_gamma_histogram(job)}",
+        f"draft length γ:          {_histogram(job.gamma_hist)}  (rounds by k)",
+        f"drafts per row:          {_histogram(job.drafts_hist)}  (row-rounds by drafts the row had)",
         f"mean batch size:         {fmt_float(stats.mean_batch_size, '{:.1f}')}",
         f"tokens/s:                {fmt_float(stats.tokens_per_second, '{:.1f}')}",
         f"costs:                   {_costs(job)}",

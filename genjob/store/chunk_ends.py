@@ -118,17 +118,26 @@ def open_chunk(
     return OpenedChunk(row.status, bool(row.due), row.spec, row.queue, list(row.reserved))
 
 
+HISTOGRAMS = ("gamma_hist", "drafts_hist")  # merged key by key, as ``jobs.merged`` does
 SUMS = tuple(  # the columns a chunk's measurements add to
-    name for name in ChunkMeasurements.__dataclass_fields__ if name not in ("gamma_hist", "draft_tokens")
+    name for name in ChunkMeasurements.__dataclass_fields__ if name not in (*HISTOGRAMS, "draft_tokens")
 )
-# Rounds by draft length: the job's histogram plus the chunk's, key by key ({} once a chunk was recorded).
-_HIST = """coalesce((SELECT jsonb_object_agg(k, n) FROM (
+
+
+def _merged(column: str) -> str:
+    """The job's histogram plus the chunk's (parameter ``:column``), key by key ({} once recorded)."""
+    return f"""coalesce((SELECT jsonb_object_agg(k, n) FROM (
         SELECT key AS k, sum(CAST(value AS bigint)) AS n FROM (
-            SELECT * FROM jsonb_each_text(coalesce(jobs.gamma_hist, '{}'))
-            UNION ALL SELECT * FROM jsonb_each_text(CAST(:hist AS jsonb))) AS both_hists
-        GROUP BY key) AS merged), '{}')"""
+            SELECT * FROM jsonb_each_text(coalesce(jobs.{column}, '{{}}'))
+            UNION ALL SELECT * FROM jsonb_each_text(CAST(:{column} AS jsonb))) AS both_hists
+        GROUP BY key) AS merged), '{{}}')"""
+
+
+_MERGE_HISTOGRAMS = ", ".join(
+    f"{name} = CASE WHEN :measured THEN {_merged(name)} ELSE jobs.{name} END" for name in HISTOGRAMS
+)
 _JOB_COLUMNS = (
-    *("status", "done", "failed", "total", "gamma_hist", "decode_rows", "decode_rounds"),
+    *("status", "done", "failed", "total", *HISTOGRAMS, "decode_rows", "decode_rounds"),
     *("draft_accepted", "draft_rejections", "busy_seconds"),
 )
 # The job's row is read from the UPDATE (the newest version, under its lock, with every finish that
@@ -143,7 +152,7 @@ CLOSE = text(
 ), job AS (
     UPDATE jobs SET {COUNTED},
         {", ".join(f"{name} = jobs.{name} + :{name}" for name in SUMS)},
-        gamma_hist = CASE WHEN :measured THEN {_HIST} ELSE jobs.gamma_hist END,
+        {_MERGE_HISTOGRAMS},
         draft_tokens = coalesce(:draft_tokens, jobs.draft_tokens)
     FROM summed WHERE jobs.id = :job_id AND (:measured OR summed.n > 0)
     RETURNING {", ".join(f"jobs.{name}" for name in _JOB_COLUMNS)}
@@ -168,6 +177,7 @@ class ClosedChunk:
     failed: int
     total: int
     gamma_hist: dict[str, int] | None
+    drafts_hist: dict[str, int] | None
     decode_rows: int
     decode_rounds: int
     draft_accepted: int
@@ -203,7 +213,10 @@ def close_chunk(
         let_go=list(let_go),
         interrupted=interrupted,
         measured=measured is not None,
-        hist=json.dumps({str(k): n for k, n in (measured.gamma_hist if measured else {}).items()}),
+        **{
+            name: json.dumps({str(k): n for k, n in (getattr(measured, name) if measured else {}).items()})
+            for name in HISTOGRAMS
+        },
         draft_tokens=measured.draft_tokens if measured is not None else None,
     )
     row = connection.execute(CLOSE, params).one_or_none()

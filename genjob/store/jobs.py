@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -294,6 +294,15 @@ class ChunkMeasurements:
     prefill_seconds: float
     gamma_hist: dict[int, int]
     draft_tokens: int | None  # the draft length the engine ended the chunk with
+    drafts_hist: dict[int, int] = field(default_factory=dict)  # row-rounds by the drafts the row had
+
+
+def merged(hist: dict[str, int] | None, more: dict[int, int]) -> dict[str, int]:
+    """A stored histogram (JSON: string keys) plus a chunk's, key by key."""
+    total = dict(hist or {})
+    for key, n in more.items():
+        total[str(key)] = total.get(str(key), 0) + n
+    return total
 
 
 def record_chunk(session: Session, *, job_id: str, measured: ChunkMeasurements) -> Job | None:
@@ -315,10 +324,8 @@ def record_chunk(session: Session, *, job_id: str, measured: ChunkMeasurements) 
         "prefill_seconds",
     ):
         setattr(job, name, getattr(job, name) + getattr(measured, name))
-    hist = dict(job.gamma_hist or {})
-    for k, rounds in measured.gamma_hist.items():
-        hist[str(k)] = hist.get(str(k), 0) + rounds
-    job.gamma_hist = hist
+    job.gamma_hist = merged(job.gamma_hist, measured.gamma_hist)
+    job.drafts_hist = merged(job.drafts_hist, measured.drafts_hist)
     if measured.draft_tokens is not None:
         job.draft_tokens = measured.draft_tokens
     session.flush()

@@ -100,6 +100,7 @@ class ScriptedEngine:
             proposed=0,
             accepted=0,
             rejections=0,
+            drafts=[0] * len(rows),
         )
         return finished
 

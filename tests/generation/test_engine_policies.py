@@ -70,6 +70,22 @@ def test_expected_speedup_is_leviathans_with_the_measured_verify_cost() -> None:
     assert expected_speedup(model, alpha, {}, 1.0) is None
 
 
+def test_expected_speedup_counts_the_drafts_each_row_really_had() -> None:
+    """Prompt lookup: 10 rounds at k = 3 in a batch of 2, where 12 of the 20 row-rounds found no n-gram
+    to propose. Those rows gain one token from a verification priced at k = 3."""
+    model = CostModel(
+        [1, 2], [1, 2, 3, 4], {1: [1.0, 1.2, 1.4, 1.6], 2: [1.5, 1.8, 2.1, 2.4]}, {1: 0, 2: 0}, 64
+    )
+    alpha = 0.8
+    every_row = expected_speedup(model, alpha, {3: 10}, 2.0)
+    assert every_row == expected_speedup(model, alpha, {3: 10}, 2.0, {3: 20})
+    assert every_row == pytest.approx(expected_tokens(alpha, 3) * 1.5 / 2.4)
+    mean_tokens = (12 * 1 + 8 * expected_tokens(alpha, 3)) / 20
+    assert expected_speedup(model, alpha, {3: 10}, 2.0, {0: 12, 3: 8}) == pytest.approx(
+        mean_tokens * 1.5 / 2.4
+    )
+
+
 def test_a_draft_that_costs_more_than_it_saves_leaves_rows_to_plain_decoding() -> None:
     """A draft step dearer than a verification, for a target it never agrees with: the costs (and the
     live rounds) make k = 0 the best choice, so the rounds are plain but for the exploration ones. The

@@ -54,6 +54,8 @@ def test_job_aggregates_are_the_sums_of_its_items(embedded_env: str, tiny_pair, 
         assert job.probe_rounds > 0 and job.probe_tokens > 0 and job.busy_seconds > job.decode_seconds > 0
         assert job.decode_tokens > job.new_tokens - len(PROMPTS)  # and the twins' tokens, but prefills'
         assert sum(job.gamma_hist.values()) == job.decode_rounds - job.probe_rounds
+        assert 0 < sum(job.drafts_hist.values()) <= job.decode_rows  # row-rounds, probes' rows not counted
+        assert max(int(m) for m in job.drafts_hist) <= max(int(k) for k in job.gamma_hist)
         assert job.cost_ratio is not None and job.cost_ratio > 0
         assert job.expected_speedup is not None and job.costs["at_batch"]["plain_ms"] > 0
         rows = session.scalars(select(Result).where(Result.job_id == job_id)).all()
