@@ -301,7 +301,8 @@ def expected_speedup(
     t_verify(B, k+1)) / Σ_k n_k), with n_k the rounds at draft length k, B the job's mean batch size and
     Ē = Σ_m r_m E(α, m) / Σ_m r_m the expected tokens of a row's round, r_m the row-rounds in which the
     row had m drafts (``drafts_hist``; m < k where prompt lookup found fewer, or a row had little room
-    left). Without ``drafts_hist`` every row is taken to have had k: Ē = Σ_k n_k E(α, k) / Σ_k n_k."""
+    left). Without ``drafts_hist`` every row is taken to have had k, in batches of one size:
+    Ē = Σ_k n_k E(α, k) / Σ_k n_k."""
     b = max(1, round(batch))
     rounds = sum(gamma_hist.values())
     if not rounds:

@@ -46,9 +46,9 @@ def to_device(values: list[Any], device: torch.device, dtype: torch.dtype = torc
     tensor = torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return tensor
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
+    if device.type != "cuda":  # elsewhere a non-blocking copy from pageable memory is not safe to assume
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def max_positions(model: PreTrainedModel) -> int | None:
