@@ -13,7 +13,7 @@ so a slow spell of a shared machine lands on every mode alike and the ratios hol
 free slot takes the next prompt at once, as a worker refills its batch: speculative rows gain tokens
 at different rates and leave at different rounds, so groups of exactly B would leave slots empty
 while the group's slowest row finishes (plain rows, all of one length, leave together) and
-undercount speculation. Each engine has its own copy of the measured costs (its live residual is its
+undercount speculation. Each engine has its own copy of the measured costs (its live scale is its
 own), prompt lookup's without the draft model's steps, as a worker measures them for that job.
 
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
@@ -255,7 +255,7 @@ def main() -> None:
         }
         no_draft = replace(costs, draft=dict.fromkeys(costs.draft, 0.0))  # prompt lookup's steps are free
         own_costs = {
-            mode: replace(no_draft if mode == "prompt lookup" else costs, residual={}) for mode in modes
+            mode: replace(no_draft if mode == "prompt lookup" else costs, scale={}) for mode in modes
         }
         engines = {
             mode: Engine(

@@ -4,12 +4,14 @@
 (powers of two) and query lengths q, at a representative cache length, and the draft's one-token
 step, in several interleaved passes keeping each point's fastest time (a busy machine only ever adds
 time, so a point dearer than a larger one takes the larger one's); between grid points it interpolates
-linearly. Live rounds keep it honest: a round also costs the host's own work (proposals, acceptance,
-bookkeeping), which the forwards alone do not show, so each observed round moves an additive residual
-per draft length (measured − predicted, followed quickly downwards and slowly upwards, since noise only
-adds time); a k not yet run borrows the residual of the nearest k that has run, and its own residual
-starts from there: only the very first round of all is taken whole, so one stalled round can never make
-a draft length look dear for good (a k that looks dear is not run again, so nothing would correct it).
+linearly. Live rounds keep it honest: a round also costs what the grid's dummy forwards do not show (the
+host's own work, attention over the rows' real lengths, their ragged K/V writes), so each observed round
+moves a live scale per draft length (measured ÷ predicted, followed quickly downwards and slowly upwards,
+since noise only adds time). A scale, not an additive residual: what the grid misses grows with the
+batch, and a k last run while the batch was small must still compare fairly with one run at a full
+batch. A k not yet run borrows the scale of the nearest k that has run, and its own scale starts from
+there: only the very first round of all is taken whole, so one stalled round can never make a draft
+length look dear for good (a k that looks dear is not run again, so nothing would correct it).
 
 Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room for m_i(k) drafts
 yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
@@ -38,10 +40,10 @@ from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
 
-# The live residual follows a round that ran faster than it at once and a slower one only slowly: a
-# busy host only ever adds time, so one stalled round must not make a draft length look dear for long
-# (a k that looks dear is seldom run again, so its residual would stay high), while a lasting rise
-# still shows within a few dozen rounds.
+# The live scale follows a round that ran faster than it at once and a slower one only slowly: a busy
+# host only ever adds time, so one stalled round must not make a draft length look dear for long (a k
+# that looks dear is seldom run again, so its scale would stay high), while a lasting rise still shows
+# within a few dozen rounds.
 LIVE_DOWN, LIVE_UP = 0.3, 0.03
 SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
 STEADY_TOLERANCE = 0.15  # a measurement is steady when most points' two best passes agree this closely
@@ -66,7 +68,7 @@ class CostModel:
     verify: dict[int, list[float]]
     draft: dict[int, float]
     context: int
-    residual: dict[int, float] = field(default_factory=dict)  # live: measured − predicted seconds, by k
+    scale: dict[int, float] = field(default_factory=dict)  # live: measured ÷ predicted seconds, by k
     # What measuring took: in all, and on the points plain decoding needs too (q = 1, no draft).
     measure_seconds: float = 0.0
     plain_measure_seconds: float = 0.0
@@ -87,27 +89,27 @@ class CostModel:
 
     def round_seconds(self, batch: int, k: int) -> float:
         predicted = self.predicted(batch, k)
-        return max(predicted + self.residual_for(k), 0.5 * predicted)
+        return predicted * max(self.scale_for(k), 0.5)
 
-    def residual_for(self, k: int) -> float:
-        """k's live residual; for a k not yet run, that of the nearest k that has (the smaller one on a
-        tie), or 0 before any round."""
-        if k in self.residual:
-            return self.residual[k]
-        if not self.residual:
-            return 0.0
-        return self.residual[min(self.residual, key=lambda seen: (abs(seen - k), seen))]
+    def scale_for(self, k: int) -> float:
+        """k's live scale; for a k not yet run, that of the nearest k that has (the smaller one on a
+        tie), or 1 before any round."""
+        if k in self.scale:
+            return self.scale[k]
+        if not self.scale:
+            return 1.0
+        return self.scale[min(self.scale, key=lambda seen: (abs(seen - k), seen))]
 
     def observe(self, batch: int, k: int, seconds: float) -> None:
-        """A live round took ``seconds``: move k's residual towards measured − predicted. The first
-        round of all sets it; a k seen for the first time starts from its nearest neighbour's, so a
-        single slow round moves it by only ``LIVE_UP`` of the gap."""
-        gap = seconds - self.predicted(batch, k)
-        if not self.residual:
-            self.residual[k] = gap
+        """A live round of ``batch`` rows took ``seconds``: move k's scale towards measured ÷ predicted.
+        The first round of all sets it; a k seen for the first time starts from its nearest neighbour's,
+        so a single slow round moves it by only ``LIVE_UP`` of the gap."""
+        ratio = seconds / self.predicted(batch, k)
+        if not self.scale:
+            self.scale[k] = ratio
             return
-        old = self.residual_for(k)
-        self.residual[k] = old + (LIVE_UP if gap > old else LIVE_DOWN) * (gap - old)
+        old = self.scale_for(k)
+        self.scale[k] = old + (LIVE_UP if ratio > old else LIVE_DOWN) * (ratio - old)
 
     def at_batch(self, batch: float, ks: Sequence[int]) -> dict[str, object]:
         """The costs at one batch size (ms): a plain step, a draft step, a verification of k+1 tokens."""
@@ -130,7 +132,7 @@ class CostModel:
         }
 
     def to_json(self) -> dict[str, object]:
-        """The measured grid in seconds, unrounded, for ``from_json`` (the live residual is not kept)."""
+        """The measured grid in seconds, unrounded, for ``from_json`` (the live scale is not kept)."""
         return {
             "batch_sizes": self.batch_sizes,
             "query_lengths": self.query_lengths,

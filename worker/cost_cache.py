@@ -8,7 +8,7 @@ weight files (their sizes and times), the device's name, the dtype, torch's vers
 count) and by the largest batch size and query length it covers, so one grid serves every job within
 it. Only a steady measurement is kept (its passes agreed: one taken while other work kept the machine
 busy would mislead later processes). A stored measurement older than ``MAX_AGE_S`` is measured again;
-live rounds correct what drifts between (the residual in ``CostModel``). An unreadable file is
+live rounds correct what drifts between (the live scale in ``CostModel``). An unreadable file is
 measured again and replaced; writes are atomic.
 Must not know: Celery, the database, the core's store.
 """

@@ -47,18 +47,33 @@ def test_the_draft_length_follows_acceptance_and_cost() -> None:
 
 
 def test_one_slow_round_does_not_keep_a_draft_length_out_of_use() -> None:
-    """A k run for the first time starts from its nearest neighbour's residual: one stalled round
+    """A k run for the first time starts from its nearest neighbour's scale: one stalled round
     (a busy host) moves it by a little, so the best k stays in use; an unseen k borrows the nearest."""
     model = costs(0.02, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])
-    model.observe(1, 1, model.predicted(1, 1) + 0.1)  # the first round of all sets the residual
-    assert model.residual_for(1) == pytest.approx(0.1)
-    assert model.residual_for(4) == pytest.approx(0.1)  # not yet run: the nearest k's
-    model.observe(1, 3, model.predicted(1, 3) + 5.0)  # one stalled round at k = 3
-    assert model.residual_for(3) < 0.5
+    model.observe(1, 1, model.predicted(1, 1) * 1.1)  # the first round of all sets the scale
+    assert model.scale_for(1) == pytest.approx(1.1)
+    assert model.scale_for(4) == pytest.approx(1.1)  # not yet run: the nearest k's
+    model.observe(1, 3, model.predicted(1, 3) * 5.0)  # one stalled round at k = 3
+    assert model.scale_for(3) < 1.3
     assert choose_draft_length(model, [0.8] * 4, [6] * 4, k_max=6, current=3) >= 3
-    model.observe(1, 5, model.predicted(1, 5) - 0.2)  # faster than the neighbour: followed quickly
-    assert model.residual_for(5) < model.residual_for(3) - 0.1
-    assert model.residual_for(6) == model.residual_for(5)
+    model.observe(1, 5, model.predicted(1, 5) * 0.8)  # faster than the neighbour: followed quickly
+    assert model.scale_for(5) < model.scale_for(3) - 0.1
+    assert model.scale_for(6) == model.scale_for(5)
+
+
+def test_what_the_grid_misses_is_a_scale_so_draft_lengths_compare_at_any_batch() -> None:
+    """Live rounds cost 1.6x the grid at every batch size. Plain rounds were seen at a full batch of 64,
+    k = 1 only while the batch was 16 (a group's tail): with additive residuals k = 1 looked 60 ms
+    cheaper than it is at 64 rows and was chosen where plain decoding pays best."""
+    verify = {16: [0.05, 0.06], 64: [0.12, 0.16]}
+    model = CostModel([16, 64], [1, 2], verify, {16: 0.0, 64: 0.0}, context=64)
+    for _ in range(20):
+        model.observe(64, 0, 1.6 * 0.12)
+        model.observe(16, 1, 1.6 * 0.06)
+    assert model.round_seconds(64, 1) == pytest.approx(1.6 * 0.16)
+    assert model.round_seconds(64, 0) == pytest.approx(1.6 * 0.12)
+    # 64 rows at α = 0.3 with a draft each: 64 · 1.3 tokens for 0.256 s against 64 for 0.192 s
+    assert choose_draft_length(model, [0.3] * 64, [1] * 64, k_max=1, current=0) == 0
 
 
 def test_expected_speedup_is_leviathans_with_the_measured_verify_cost() -> None:
