@@ -191,9 +191,8 @@ class Engine:
             self.waiting.extendleft(reversed(new))
             raise
         seconds = time.perf_counter() - started
-        self.stats.prefill(
-            rows=len(new), tokens=sum(len(x) for x in inputs), seconds=seconds
-        )  # no device read
+        prefilled = sum(len(x) for x in inputs)  # counted on the host: no device read
+        self.stats.prefill(rows=len(new), tokens=prefilled, seconds=seconds)
         for row in new:
             row.stats.latency_s += seconds / len(new)
         return self._remove_finished()
@@ -240,13 +239,12 @@ class Engine:
         available = self.proposer.available(rows, self.k_max) if self.proposer is not None else [0] * b
         k, probe = self._choose_k([min(a, c) for a, c in zip(available, caps, strict=True)])
         old_lengths = [len(row.context) - 1 for row in rows]
-        lengths = to_device(old_lengths, device)
         pending = to_device([row.tokens[-1] for row in rows], device)
         positions = to_device([len(row.tokens) for row in rows], device)
         sampling = self._sampling(rows)
         drafts, counts, probs = pending.new_zeros(b, 0), [0] * b, None
         if k and self.proposer is not None:
-            view = BatchView(rows, lengths, pending, sampling, positions)
+            view = BatchView(rows, pending, sampling, positions)
             proposal = self.proposer.propose(view, k)
             drafts, counts, probs = proposal.tokens, proposal.counts, proposal.probs
         limits = [min(k, n, c) for n, c in zip(counts, caps, strict=True)]

@@ -23,8 +23,7 @@ from genjob.generation.sampling import RowSampling
 class BatchView:
     """The rows of a round (slot r = rows[r]) and their device state."""
 
-    rows: list[Row]
-    lengths: torch.Tensor  # (B,) cached tokens of each row = the position of its last token
+    rows: list[Row]  # row r's cached tokens: len(rows[r].context) - 1, known on the host
     pending: torch.Tensor  # (B,) each row's last token, in no cache yet
     sampling: RowSampling
     positions: torch.Tensor  # (B,) output index of the first draft (= tokens generated so far)
