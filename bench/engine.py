@@ -234,6 +234,7 @@ def main() -> None:
         size = args.group * batch if batch > 1 else 1  # a single row has no tail: the finest interleaving
         repeats = max(1, -(-2 * size // len(prompts)))
         keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
+        prompt_of = dict(keyed)
         groups = [keyed[i : i + size] for i in range(0, len(keyed), size)]
         modes = [
             "plain",
@@ -292,7 +293,7 @@ def main() -> None:
                 "limit": (
                     lookup_limit(
                         own_costs[mode],
-                        [(dict(keyed)[k], out) for k, out in greedy_plain.outputs.items()],
+                        [(prompt_of[k], out) for k, out in greedy_plain.outputs.items()],
                         batch,
                     )
                     if mode == "prompt lookup"

@@ -142,9 +142,9 @@ def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
     """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums
     (``job``: a ``Job``, or the row ``store.close_chunk`` returned); None if it has nothing to derive."""
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
-    drafts = {int(m): n for m, n in (job.drafts_hist or {}).items()}
     if runner.engine.proposer is None or not hist:
         return None
+    drafts = {int(m): n for m, n in (job.drafts_hist or {}).items()}
     costs = runner.engine.costs
     batch = job.decode_rows / job.decode_rounds if job.decode_rounds else 1.0
     tried = job.draft_accepted + job.draft_rejections
