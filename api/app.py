@@ -10,7 +10,9 @@ Granian bounds the time to send request headers and the connections served at on
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -67,6 +69,34 @@ def check_bind(settings: Settings, host: str) -> None:
             f"refusing to listen on {host} without API keys: set GENJOB_API_KEYS "
             "(without keys the API is local-only, on 127.0.0.1)"
         )
+
+
+class CannotListen(OSError):
+    """The address cannot be listened on: another server has the port, or the host is not this machine's."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another server listens on (``CannotListen``), before Granian binds it.
+
+    Granian binds with SO_REUSEPORT, so a second server on a busy port would start and share it, the
+    requests split between the two. A plain socket (SO_REUSEADDR only: a port left in TIME_WAIT is
+    free) is bound to the address and closed at once; a server that takes the port in between is
+    Granian's to meet.
+    """
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CannotListen(
+                f"cannot listen on {where}: the port is in use (another server listens there)"
+            ) from exc
+        raise CannotListen(f"cannot listen on {where}: {exc.strerror or exc}") from exc
 
 
 @asynccontextmanager
@@ -147,7 +177,8 @@ def app_from_environment() -> FastAPI:
 
 
 def serve(settings: Settings, *, host: str, port: int, log_level: str = "info") -> None:
-    """Run the API on Granian until interrupted; refuses an unsafe bind (``UnsafeBind``).
+    """Run the API on Granian until interrupted; refuses an unsafe bind (``UnsafeBind``) and a port
+    in use (``CannotListen``).
 
     Granian's worker process builds the app from the same environment (``app_from_environment``).
     """
@@ -157,6 +188,7 @@ def serve(settings: Settings, *, host: str, port: int, log_level: str = "info") 
     from granian.log import LogLevels
 
     check_bind(settings, host)
+    check_port(host, port)
     if settings.local_only:
         log.warning(LOCAL_ONLY_WARNING)
     Granian(

@@ -5,9 +5,11 @@ the allow-list resolves to its target and draft; the API accepts nothing else (a
 the workers at an arbitrary path), the CLI, run by whoever runs the workers, also accepts paths.
 Relative paths in the allow-list are resolved against ``GENJOB_MODELS_DIR`` (default: the directory
 the submitting process runs in) and stored absolute on the job, so workers started anywhere load the
-same files. A name that is neither listed nor an existing path, but close to a listed one, is
-refused with a suggestion rather than sent to the workers as a hub id.
-Must not know: click, FastAPI, torch, the workers.
+same files. A name the CLI gives that is not listed is taken only if it is there without the network:
+an existing path, or a hub id in the local Hugging Face cache (``huggingface_hub``, read only, never
+online, whatever HF_HUB_OFFLINE says); anything else is refused at once, a name close to a listed one
+with a suggestion, a path that does not exist as such, rather than sent to the workers to fail there.
+Must not know: click, FastAPI, torch, transformers, the workers.
 """
 
 from __future__ import annotations
@@ -78,29 +80,66 @@ def _suggestion(settings: Settings, name: str) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def resolve_model(settings: Settings, name: str, *, allow_paths: bool) -> ModelEntry:
+def in_hub_cache(name: str) -> bool:
+    """Whether ``name`` is a hub id whose ``config.json`` is in the local Hugging Face cache.
+
+    Reads the cache only (no network, whatever HF_HUB_OFFLINE says), in a few file look-ups.
+    """
+    if not HUB_ID.match(name):
+        return False
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except (ImportError, ValueError, OSError):  # no huggingface_hub, or not a valid repo id
+        return False
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is meant as a local path rather than a hub id: it starts with ``/``, ``./``,
+    ``../`` or ``~``, or it has a ``/`` and is not ``org/name`` or its parent directory exists here."""
+    if name in (".", "..") or name.startswith(("/", "./", "../", "~")):
+        return True
+    if "/" not in name:
+        return False
+    return name.count("/") > 1 or not HUB_ID.match(name) or Path(name).parent.is_dir()
+
+
+def resolve_model(settings: Settings, name: str, *, allow_paths: bool, field: str = "model") -> ModelEntry:
     """The allow-list entry called ``name`` (its relative paths made absolute against ``models_base``);
-    else, if ``allow_paths``, ``name`` itself as a target: a path or a hub id."""
+    else, if ``allow_paths``, ``name`` itself as a target if it is there without the network: an
+    existing path or a hub id in the local Hugging Face cache. JobOptionsError (on ``field``) if not."""
     entry = settings.model_entry(name)
     names = ", ".join(e.name for e in settings.models)
     if entry is not None:
         base = models_base(settings)
         draft = _absolute(entry.draft, base) if entry.draft else None
         return entry.model_copy(update={"target": _absolute(entry.target, base), "draft": draft})
+    what = "model" if field == "model" else f"{field} model"
     suggestion = _suggestion(settings, name)
     if not allow_paths:
         known = f"one of: {names}" if names else "none are configured (GENJOB_MODELS)"
         raise JobOptionsError(
-            f"unknown model {name!r}: {suggestion}models are named from the allow-list, {known}",
-            field="model",
+            f"unknown {what} {name!r}: {suggestion}models are named from the allow-list, {known}",
+            field=field,
         )
-    if suggestion and not Path(name).exists():
+    local = Path(name).expanduser()
+    if local.exists() or in_hub_cache(name):  # a path, or a hub id the workers can load offline
+        target = str(local) if name.startswith("~") else name
+        return ModelEntry.model_construct(name=name, target=target, draft=None)
+    if looks_like_path(name):
+        raise JobOptionsError(f"no such model directory: {local.absolute()}", field=field)
+    if suggestion:
         raise JobOptionsError(
-            f"unknown model {name!r}: {suggestion}(GENJOB_MODELS lists: {names}; or give a path or hub id "
+            f"unknown {what} {name!r}: {suggestion}(GENJOB_MODELS lists: {names}; or give a path or hub id "
             "that exists)",
-            field="model",
+            field=field,
         )
-    return ModelEntry.model_construct(name=name, target=name, draft=None)  # a path, not a listed name
+    raise JobOptionsError(
+        f"unknown {what} {name!r} (catalog: {names or 'empty, see GENJOB_MODELS'}): not a path here, nor a "
+        "hub id in the local Hugging Face cache; hub ids need network: download it first (hf download ID)",
+        field=field,
+    )
 
 
 def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> JobSpec:
@@ -113,7 +152,9 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
     entry = resolve_model(settings, options.model, allow_paths=allow_paths)
     assistant: str | None = None
     if options.assistant is not None:
-        assistant = resolve_model(settings, options.assistant, allow_paths=allow_paths).target
+        assistant = resolve_model(
+            settings, options.assistant, allow_paths=allow_paths, field="assistant"
+        ).target
     elif options.mode in (None, DecodingMode.DRAFT):
         assistant = entry.draft
     mode = options.mode or (DecodingMode.DRAFT if assistant else DecodingMode.NONE)

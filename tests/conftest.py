@@ -6,6 +6,7 @@ one machine never see each other's jobs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -27,6 +28,9 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("GENJOB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Measured forward costs, shared by the suite's processes (workers included) and removed after it.
 COST_CACHE_DIR = Path(tempfile.gettempdir()) / f"genjob-test-costs-{os.getpid()}"
+# Hub ids the tests submit with no model behind them (the scripted stand-in, or jobs no worker runs):
+# submit takes a hub id only from the local Hugging Face cache, so the suite's own cache holds them.
+FAKE_HUB_IDS = ("m", "scripted", "scripted-broken", "some/model")
 
 
 def _pg_url(name: str) -> str:
@@ -70,6 +74,34 @@ def clean_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def cost_cache_dir() -> Iterator[Path]:
     yield COST_CACHE_DIR
     shutil.rmtree(COST_CACHE_DIR, ignore_errors=True)
+
+
+def cache_hub_model(cache: Path, repo_id: str) -> Path:
+    """``repo_id`` in the Hugging Face cache ``cache`` as a download leaves it (refs/main naming a
+    snapshot with a config.json); returns the snapshot."""
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / "config.json").write_text("{}", encoding="utf-8")
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+    return snapshot
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's own Hugging Face cache (HF_HUB_CACHE, here and in the processes tests start), with
+    FAKE_HUB_IDS in it; the user's cache is never seen."""
+    from huggingface_hub import constants
+
+    cache = tmp_path_factory.mktemp("hf-hub-cache")
+    for repo_id in FAKE_HUB_IDS:
+        cache_hub_model(cache, repo_id)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_CACHE", str(cache))
+        patch.setattr(constants, "HF_HUB_CACHE", str(cache))  # read once, when huggingface_hub is imported
+        yield cache
 
 
 @pytest.fixture(scope="session")

@@ -24,16 +24,17 @@ def api(host: str | None, port: int | None, log_level: str) -> None:
     Clients authenticate with Authorization: Bearer KEY, a key from
     GENJOB_API_KEYS. Without keys the API is local-only: it listens on
     127.0.0.1, serves loopback clients only, and refuses any other --host.
+    A port another server listens on is refused (rather than shared).
     Jobs name their model from the GENJOB_MODELS allow-list. The OpenAPI
     spec is at /openapi.json, the docs at /docs.
     """
-    from genjob.api.app import UnsafeBind, serve
+    from genjob.api.app import CannotListen, UnsafeBind, serve
 
     settings = get_settings()
     try:
         prepare_database(settings)
         serve(settings, host=host or settings.api_host, port=port or settings.api_port, log_level=log_level)
-    except (SchemaError, UnsafeBind) as exc:
+    except (SchemaError, UnsafeBind, CannotListen) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

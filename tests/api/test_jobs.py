@@ -186,6 +186,12 @@ def test_multipart_without_the_file_part(client: TestClient) -> None:
             "one of: tiny, tiny-chat, tiny-plain",
         ),
         (
+            {"model": "tiny", "assistant": "gpt-9"},
+            "assistant",
+            "unknown assistant model 'gpt-9': models are named from the allow-list, "
+            "one of: tiny, tiny-chat, tiny-plain",
+        ),
+        (
             {"model": "tiny", "draft_tokens": 0},
             "draft_tokens",
             "draft_tokens: Input should be greater than or equal to 1",

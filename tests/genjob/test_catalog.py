@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_jsonl
+from conftest import cache_hub_model, write_jsonl
 
 from genjob.catalog import JobOptionsError, build_job_spec, resolve_model
 from genjob.cli import main
@@ -30,8 +31,8 @@ def test_a_name_resolves_to_its_paths() -> None:
     assert resolve_model(SETTINGS, "small", allow_paths=False).target == "/m/small"
 
 
-def test_paths_only_where_allowed() -> None:
-    assert resolve_model(SETTINGS, "/some/path", allow_paths=True).target == "/some/path"
+def test_paths_only_where_allowed(tmp_path: Path) -> None:
+    assert resolve_model(SETTINGS, str(tmp_path), allow_paths=True).target == str(tmp_path)
     with pytest.raises(JobOptionsError, match=r"unknown model '/some/path': .* one of: demo, small, other"):
         resolve_model(SETTINGS, "/some/path", allow_paths=False)
     with pytest.raises(JobOptionsError, match=r"none are configured \(GENJOB_MODELS\)"):
@@ -114,3 +115,85 @@ def test_a_misspelt_name_gets_a_suggestion_on_the_api_too() -> None:
         JobOptionsError, match=r"unknown model 'demoo': did you mean 'demo'\? models are named"
     ):
         resolve_model(SETTINGS, "demoo", allow_paths=False)
+
+
+NOT_THERE = (
+    "not a path here, nor a hub id in the local Hugging Face cache; hub ids need network: "
+    "download it first (hf download ID)"
+)
+
+
+def test_a_hub_id_is_taken_only_from_the_local_cache(hub_cache: Path) -> None:
+    cache_hub_model(hub_cache, "org/cached")
+    assert resolve_model(SETTINGS, "org/cached", allow_paths=True).target == "org/cached"
+    with pytest.raises(JobOptionsError) as info:
+        resolve_model(SETTINGS, "org/elsewhere", allow_paths=True)
+    assert str(info.value) == f"unknown model 'org/elsewhere' (catalog: demo, small, other): {NOT_THERE}"
+    assert info.value.field == "model"
+    with pytest.raises(JobOptionsError, match=r"^unknown model 'x' \(catalog: empty, see GENJOB_MODELS\): "):
+        resolve_model(Settings(), "x", allow_paths=True)
+    with pytest.raises(JobOptionsError, match=r"^unknown model 'org/cached': .* one of: demo, small, other$"):
+        resolve_model(SETTINGS, "org/cached", allow_paths=False)  # the API: the allow-list only
+
+
+@pytest.mark.parametrize(
+    "name", ["/no/such/dir", "./target", "../target", "~/no-such-genjob-model", "a/b/c", "models/targt"]
+)
+def test_a_path_that_does_not_exist_is_refused(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "models").mkdir()  # so models/targt is a path here, not the hub id of an org "models"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(JobOptionsError) as info:
+        resolve_model(SETTINGS, name, allow_paths=True)
+    assert str(info.value) == f"no such model directory: {Path(name).expanduser().absolute()}"
+    assert info.value.field == "model"
+
+
+def test_an_existing_path_is_taken_as_given_and_home_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "models" / "demo").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model(SETTINGS, "models/demo", allow_paths=True).target == "models/demo"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_model(SETTINGS, "~/models", allow_paths=True).target == str(tmp_path / "models")
+
+
+def submit_quickly(*args: str) -> tuple[int, str]:
+    """`genjob submit p.jsonl ARGS`: its exit code and output, after checking it took under 5 s."""
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", *args])
+    assert time.monotonic() - started < 5
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def typo_env(embedded_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Embedded mode with one listed model, a prompt file, and the hub reachable as far as anyone says."""
+    monkeypatch.setenv("GENJOB_MODELS", json.dumps({"tiny": {"target": "/m/target", "draft": "/m/draft"}}))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "a"})])
+
+
+def test_the_cli_refuses_a_name_that_is_not_a_model_at_once(typo_env: None) -> None:
+    assert submit_quickly("-m", "demoo") == (
+        1,
+        f"Error: invalid job options: unknown model 'demoo' (catalog: tiny): {NOT_THERE}\n",
+    )
+    assert submit_quickly("-m", "tiny", "-a", "drafty") == (
+        1,
+        f"Error: invalid job options: unknown assistant model 'drafty' (catalog: tiny): {NOT_THERE}\n",
+    )
+
+
+def test_the_cli_refuses_a_local_path_that_does_not_exist(typo_env: None, tmp_path: Path) -> None:
+    (tmp_path / "models" / "demo").mkdir(parents=True)
+    assert submit_quickly("-m", "models/demo/targt") == (
+        1,
+        f"Error: invalid job options: no such model directory: {tmp_path / 'models/demo/targt'}\n",
+    )
+    assert submit_quickly("-m", "tiny", "-a", "./models/demo/draftt") == (
+        1,
+        f"Error: invalid job options: no such model directory: {tmp_path / 'models/demo/draftt'}\n",
+    )

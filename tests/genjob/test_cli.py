@@ -97,13 +97,14 @@ def test_unknown_job(embedded_env: str) -> None:
 
 def test_unloadable_model_fails_the_job_with_its_error(embedded_env: str, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "x"})])
-    result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", str(tmp_path / "missing"), "--wait"])
+    (tmp_path / "empty").mkdir()  # a directory, so submit takes it, but no model in it
+    result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", str(tmp_path / "empty"), "--wait"])
     assert result.exit_code == 3  # every item failed
     job_id = result.stdout.strip()
     with session_scope(embedded_env) as session:
         job = session.get(Job, job_id)
         assert job.status == "failed" and job.failed == 1
-        assert job.error.startswith(f"cannot load model '{tmp_path / 'missing'}'")
+        assert job.error.startswith(f"cannot load model '{tmp_path / 'empty'}'")
 
 
 def test_draft_mode_needs_an_assistant(embedded_env: str, tmp_path: Path) -> None:

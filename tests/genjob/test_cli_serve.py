@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import time
+
 import pytest
 from click.testing import CliRunner
 from conftest import create_pg_database, drop_pg_database
+from process_helpers import GENJOB
 
 from genjob.cli import main
 
@@ -16,6 +22,33 @@ def test_api_without_keys_refuses_a_public_address(embedded_env: str) -> None:
         "Error: refusing to listen on 0.0.0.0 without API keys: set GENJOB_API_KEYS "
         "(without keys the API is local-only, on 127.0.0.1)\n"
     )
+
+
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["plain", "so-reuseport"])
+def test_api_refuses_a_port_in_use(embedded_env: str, reuse_port: bool) -> None:
+    """Another server on the port (a plain one, or one that binds with SO_REUSEPORT as Granian does
+    and would share it): `genjob api` stops at once with one line, rather than split the requests."""
+    with socket.socket() as taken:
+        if reuse_port:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run(
+            [GENJOB, "api", "--port", str(port)],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - started
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        "",
+        f"Error: cannot listen on 127.0.0.1:{port}: the port is in use (another server listens there)\n",
+    )
+    assert took < 10
 
 
 def test_api_on_a_stale_database_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
