@@ -17,9 +17,10 @@ ENV PYTHONUNBUFFERED=1 \
 
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
+# The caches compose mounts named volumes on: a fresh volume takes the owner of the image's directory.
 RUN useradd --create-home --uid 1000 genjob \
-    && mkdir -p /cache/huggingface \
-    && chown genjob /cache/huggingface
+    && mkdir -p /cache/huggingface /cache/genjob-costs \
+    && chown genjob /cache/huggingface /cache/genjob-costs
 
 WORKDIR /app
 COPY pyproject.toml README.md constraints.txt ./

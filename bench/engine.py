@@ -19,6 +19,7 @@ own), prompt lookup's without the draft model's steps, as a worker measures them
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
     taskset -c 1 .venv/bin/python bench/engine.py --long     # the long held-out prompts (200–440 tokens)
     taskset -c 1 .venv/bin/python bench/engine.py --clock cpu  # CPU time: a loaded shared machine
+    .venv/bin/python bench/engine.py --device cuda --dtype bfloat16 --batches 1,8,64   # a GPU
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
+from genjob.generation.cost_timing import measure_grid
 from genjob.generation.costs import CostModel, expected_speedup, expected_tokens
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
@@ -201,11 +203,14 @@ def main() -> None:
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: this process's CPU time"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--device", default="cpu", help="torch device (cuda on a GPU machine)")
+    parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on a GPU")
     args = parser.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
-    target, draft = load_model(str(DEMO / "target")), load_model(str(DEMO / "draft"))
+    target = load_model(str(DEMO / "target"), args.device, args.dtype)
+    draft = load_model(str(DEMO / "draft"), args.device, args.dtype)
     tokenizer = load_tokenizer(str(DEMO / "target"))
     eos = eos_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -228,7 +233,7 @@ def main() -> None:
     sampled = f"T={t:g}"
     report: list[dict] = []
     for batch in [int(b) for b in args.batches.split(",")]:
-        costs = CostModel.measure(target, draft, max_batch=batch, max_query=9)
+        costs = measure_grid(target, draft, max_batch=batch, max_query=9)
         # Groups of --group × B prompts; every mode decodes a group before the next group starts, so
         # a slow spell of the machine lands on every mode alike. Prompts repeat until there are 2+ groups.
         size = args.group * batch if batch > 1 else 1  # a single row has no tail: the finest interleaving

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from genjob.generation.costs import CostModel
+from genjob.generation.cost_timing import measure_grid
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
@@ -88,7 +88,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     failures = 0
     for batch in [int(b) for b in args.batches.split(",")]:
-        costs = CostModel.measure(target, draft, max_batch=batch, max_query=9)
+        costs = measure_grid(target, draft, max_batch=batch, max_query=9)
         for name, proposer in (("draft", DraftModel(draft)), ("prompt lookup", PromptLookup())):
             engine = Engine(target, proposer, max_rows=batch, k_max=8, costs=costs)
             requests = [

@@ -1,17 +1,19 @@
 """What a round costs on this device, and the draft length that makes the most tokens per second.
 
-``CostModel.measure`` times the target's forward of q new tokens per row at a few batch sizes B
-(powers of two) and query lengths q, at a representative cache length, and the draft's one-token
-step, in several interleaved passes keeping each point's fastest time (a busy machine only ever adds
-time, so a point dearer than a larger one takes the larger one's); between grid points it interpolates
-linearly. Live rounds keep it honest: a round also costs what the grid's dummy forwards do not show (the
-host's own work, attention over the rows' real lengths, their ragged K/V writes), so each observed round
-moves a live scale per draft length (measured ÷ predicted, followed quickly downwards and slowly upwards,
-since noise only adds time). A scale, not an additive residual: what the grid misses grows with the
-batch, and a k last run while the batch was small must still compare fairly with one run at a full
-batch. A k not yet run borrows the scale of the nearest k that has run, and its own scale starts from
-there: only the very first round of all is taken whole, so one stalled round can never make a draft
-length look dear for good (a k that looks dear is not run again, so nothing would correct it).
+``CostModel`` holds seconds of forwards measured on this device (``generation.cost_timing``): the
+target's forward of q new tokens per row at a few batch sizes B and query lengths q, and the draft's
+one-token step; between them it interpolates linearly. A grid need not be complete: a worker starts
+from a cheap prior (a few forwards at the batch size in use and at B = 1) and each measurement is
+merged into what earlier processes kept (``merged``: a weighted mean per batch row, so a noisy one
+counts less but is not thrown away). Live rounds keep it honest: a round also costs what the grid's
+dummy forwards do not show (the host's own work, attention over the rows' real lengths, their ragged
+K/V writes), so each observed round moves a live scale per draft length (measured ÷ predicted,
+followed quickly downwards and slowly upwards, since noise only adds time), and that scale is kept too
+for the next process. A scale, not an additive residual: what the grid misses grows with the batch,
+and a k last run while the batch was small must still compare fairly with one run at a full batch. A k
+not yet run borrows the scale of the nearest k that has run, and its own scale starts from there: only
+the very first round of all is taken whole, so one stalled round can never make a draft length look
+dear for good (a k that looks dear is not run again, so nothing would correct it).
 
 Goodput (the choice of γ, here k): row i with per-token acceptance a_i and room for m_i(k) drafts
 yields E_i(k) = (1 − a_i^(m_i+1)) / (1 − a_i) tokens a round; a round costs k draft steps plus a
@@ -25,28 +27,17 @@ Must not know: the database, Celery, HTTP, the core.
 from __future__ import annotations
 
 import bisect
-import itertools
-import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-from transformers import PreTrainedModel
-
-from genjob.generation.forward import cache_shapes, forward_rows
-from genjob.generation.slot_cache import SlotCache
-
-log = logging.getLogger(__name__)
 
 # The live scale follows a round that ran faster than it at once and a slower one only slowly: a busy
 # host only ever adds time, so one stalled round must not make a draft length look dear for long (a k
 # that looks dear is seldom run again, so its scale would stay high), while a lasting rise still shows
 # within a few dozen rounds.
 LIVE_DOWN, LIVE_UP = 0.3, 0.03
-SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this slow
-STEADY_TOLERANCE = 0.15  # a measurement is steady when most points' two best passes agree this closely
+ROW_WEIGHT_CAP = 8.0  # a batch row's kept weight: a new measurement still moves it by ≥ 1/9
+SCALE_WEIGHT_CAP = 256.0  # rounds behind a kept live scale: later processes still move it
 
 
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
@@ -69,12 +60,30 @@ class CostModel:
     draft: dict[int, float]
     context: int
     scale: dict[int, float] = field(default_factory=dict)  # live: measured ÷ predicted seconds, by k
-    # What measuring took: in all, and on the points plain decoding needs too (q = 1, no draft).
+    # How much each batch row rests on: measurements merged into it (a busy one counts less), and the
+    # largest q measured there (beyond it the row is extrapolated).
+    row_weight: dict[int, float] = field(default_factory=dict)
+    row_query: dict[int, int] = field(default_factory=dict)
+    # Rounds behind each k's scale: kept ones (from the file) and this process's since last kept.
+    scale_weight: dict[int, float] = field(default_factory=dict)
+    scale_rounds: dict[int, int] = field(default_factory=dict)
+    # What measuring took in this process (0 when everything was read), and whether its passes agreed
+    # (``cost_timing``): a measurement taken while the machine was busy is kept with less weight.
     measure_seconds: float = 0.0
-    plain_measure_seconds: float = 0.0
-    # Whether the passes agreed (``_steady``): a measurement taken while the machine was busy is worth
-    # using for this process, not worth keeping for others (``worker/cost_cache``).
     steady: bool = True
+
+    def __post_init__(self) -> None:
+        for b in self.batch_sizes:
+            self.row_weight.setdefault(b, 1.0)
+            self.row_query.setdefault(b, self.query_lengths[-1])
+
+    def covers(self, batch: int, max_query: int) -> bool:
+        """Whether the rows measured serve ``batch`` up to ``max_query`` without measuring: a row at
+        ``batch`` itself, or rows on both sides of it no more than a factor 2 apart (a grid)."""
+        rows = [b for b in self.batch_sizes if self.row_query[b] >= max_query]
+        below = [b for b in rows if b <= batch]
+        above = [b for b in rows if b >= batch]
+        return bool(below and above) and (batch in rows or min(above) <= 2 * max(below))
 
     def verify_seconds(self, batch: int, q: int) -> float:
         by_batch = [_interpolate(self.query_lengths, self.verify[b], q) for b in self.batch_sizes]
@@ -105,6 +114,7 @@ class CostModel:
         The first round of all sets it; a k seen for the first time starts from its nearest neighbour's,
         so a single slow round moves it by only ``LIVE_UP`` of the gap."""
         ratio = seconds / self.predicted(batch, k)
+        self.scale_rounds[k] = self.scale_rounds.get(k, 0) + 1
         if not self.scale:
             self.scale[k] = ratio
             return
@@ -132,127 +142,86 @@ class CostModel:
         }
 
     def to_json(self) -> dict[str, object]:
-        """The measured grid in seconds, unrounded, for ``from_json`` (the live scale is not kept)."""
+        """The measured grid in seconds, unrounded, with each row's weight and the live scale (and the
+        rounds behind it), for ``from_json``."""
         return {
             "batch_sizes": self.batch_sizes,
             "query_lengths": self.query_lengths,
             "verify": {str(b): self.verify[b] for b in self.batch_sizes},
             "draft": {str(b): self.draft[b] for b in self.batch_sizes},
             "context": self.context,
+            "row_weight": {str(b): self.row_weight[b] for b in self.batch_sizes},
+            "row_query": {str(b): self.row_query[b] for b in self.batch_sizes},
+            "scale": {str(k): [value, self.kept_scale_weight(k)] for k, value in sorted(self.scale.items())},
         }
+
+    def kept_scale_weight(self, k: int) -> float:
+        return min(self.scale_weight.get(k, 0.0) + self.scale_rounds.get(k, 0), SCALE_WEIGHT_CAP)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CostModel:
-        """A grid ``to_json`` wrote: nothing measured in this process (``measure_seconds`` 0)."""
+        """What ``to_json`` wrote: nothing measured in this process (``measure_seconds`` 0)."""
         batches = [int(b) for b in data["batch_sizes"]]
         queries = [int(q) for q in data["query_lengths"]]
         verify = {b: [float(s) for s in data["verify"][str(b)]] for b in batches}
         if any(len(row) != len(queries) for row in verify.values()):
             raise ValueError("a verify row's length differs from the query lengths")
         draft = {b: float(data["draft"][str(b)]) for b in batches}
-        return cls(batches, queries, verify, draft, int(data["context"]))
+        weights, reach = data.get("row_weight", {}), data.get("row_query", {})
+        scale = {int(k): (float(v), float(w)) for k, (v, w) in data.get("scale", {}).items()}
+        return cls(
+            batches,
+            queries,
+            verify,
+            draft,
+            int(data["context"]),
+            scale={k: v for k, (v, _) in scale.items()},
+            row_weight={b: float(weights.get(str(b), 1.0)) for b in batches},
+            row_query={b: int(reach.get(str(b), queries[-1])) for b in batches},
+            scale_weight={k: w for k, (_, w) in scale.items()},
+        )
 
-    @classmethod
-    def measure(
-        cls,
-        target: PreTrainedModel,
-        draft: PreTrainedModel | None,
-        *,
-        max_batch: int,
-        max_query: int,
-        context: int = 64,
-        passes: int = 3,
-    ) -> CostModel:
-        """Time the grid: B = 1, 2, 4, … ≤ max_batch (stopping early once a forward takes over half a
-        second), q = 1, 2, 3, 4, 6, 8, … ≤ max_query; each point's fastest of ``passes`` interleaved
-        passes (three forwards each) after a warm-up pass, then made non-decreasing in q and in B."""
-        queries = sorted({q for q in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if q <= max_query} | {max_query})
-        batches = [1]
-        while batches[-1] < max_batch:
-            batches.append(min(2 * batches[-1], max_batch))
-        started, plain_seconds = time.perf_counter(), 0.0
-        timers = {b: _Timer(target, draft, b, queries[-1], context) for b in batches}
-        verify = {b: [float("inf")] * len(queries) for b in batches}
-        drafts = {b: float("inf") if draft is not None else 0.0 for b in batches}
-        kept: dict[tuple[int, int], list[float]] = {}  # each target point's times, one per kept pass
-        for number in range(passes + 1):  # pass 0 warms every shape up and is not kept
-            for b in list(timers):
-                if b not in timers:
-                    continue
-                timer = timers[b]
-                for i, q in enumerate(queries):
-                    point = time.perf_counter()
-                    seconds = timer.target(q)
-                    if i == 0:
-                        plain_seconds += time.perf_counter() - point
-                    if number:
-                        verify[b][i] = min(verify[b][i], seconds)
-                        kept.setdefault((b, i), []).append(seconds)
-                if draft is not None:
-                    drafts[b] = min(drafts[b], timer.draft()) if number else drafts[b]
-                if number == 0 and seconds > SLOW_FORWARD_S:  # too slow to be worth batching further
-                    for larger in [x for x in timers if x > b]:
-                        del timers[larger], verify[larger], drafts[larger]
-        batches = sorted(verify)
-        # More tokens never cost less, and noise only ever adds time: a point dearer than a larger one
-        # was slowed down, so each takes the least of itself and every larger point (in q, then in B).
+    def merged(self, new: CostModel, *, weight: float) -> CostModel:
+        """This (kept) model with ``new``'s batch rows merged in, each new row counting ``weight``: a
+        weighted mean where both have a row (on the union of their query lengths, each row
+        interpolated on its own), ``new``'s scale and measuring time; nothing of ``self`` changes."""
+        queries = sorted(set(self.query_lengths) | set(new.query_lengths))
+        batches = sorted(set(self.batch_sizes) | set(new.batch_sizes))
+
+        def row(model: CostModel, b: int) -> list[float]:
+            return [_interpolate(model.query_lengths, model.verify[b], q) for q in queries]
+
+        verify, draft, row_weight, row_query = {}, {}, {}, {}
         for b in batches:
-            for i in range(len(queries) - 2, -1, -1):
-                verify[b][i] = min(verify[b][i], verify[b][i + 1])
-        for larger, smaller in itertools.pairwise(reversed(batches)):
-            verify[smaller] = [min(a, c) for a, c in zip(verify[smaller], verify[larger], strict=True)]
-            drafts[smaller] = min(drafts[smaller], drafts[larger])
-        model = cls(batches, queries, verify, drafts, context)
-        model.steady = _steady([times for (b, _), times in kept.items() if b in verify])
-        model.measure_seconds = time.perf_counter() - started
-        model.plain_measure_seconds = plain_seconds
-        log.info("cost model: %s", model.as_dict())
+            old_w = self.row_weight[b] if b in self.verify else 0.0
+            new_w = weight if b in new.verify else 0.0
+            olds = row(self, b) if old_w else [0.0] * len(queries)
+            news = row(new, b) if new_w else [0.0] * len(queries)
+            total = old_w + new_w
+            verify[b] = [(old_w * o + new_w * n) / total for o, n in zip(olds, news, strict=True)]
+            old_draft = self.draft.get(b, 0.0) if old_w else 0.0
+            draft[b] = (old_w * old_draft + new_w * (new.draft.get(b, 0.0) if new_w else 0.0)) / total
+            row_weight[b] = min(total, ROW_WEIGHT_CAP)
+            row_query[b] = max(self.row_query.get(b, 0) if old_w else 0, new.row_query.get(b, 0))
+        model = CostModel(
+            batches, queries, verify, draft, self.context, row_weight=row_weight, row_query=row_query
+        )
+        model.scale, model.scale_weight = dict(self.scale), dict(self.scale_weight)
+        model.measure_seconds, model.steady = new.measure_seconds, new.steady
         return model
 
-
-def _steady(times_per_point: list[list[float]]) -> bool:
-    """Whether, at most points, the two fastest passes lie within ``STEADY_TOLERANCE`` of each other: a
-    machine that other work keeps busy makes the passes disagree."""
-    gaps = sorted(sorted(times)[1] / sorted(times)[0] for times in times_per_point if len(times) > 1)
-    return not gaps or gaps[len(gaps) // 2] <= 1 + STEADY_TOLERANCE
-
-
-class _Timer:
-    """Forwards of dummy tokens at ``context`` cached tokens per row, timed (a sync around each on GPU)."""
-
-    def __init__(
-        self, target: PreTrainedModel, draft: PreTrainedModel | None, batch: int, max_query: int, context: int
-    ) -> None:
-        self.batch, self.context = batch, context
-        self.models = [(target, self._cache(target, max_query))]
-        if draft is not None:
-            self.models.append((draft, self._cache(draft, 1)))
-
-    def _cache(self, model: PreTrainedModel, q: int) -> SlotCache:
-        cache = SlotCache(cache_shapes(model), dtype=model.dtype, device=model.device)
-        cache.reserve(self.batch, self.context + q)
-        return cache
-
-    @torch.inference_mode()
-    def _time(self, index: int, q: int) -> float:
-        model, cache = self.models[index]
-        tokens = torch.zeros(self.batch, q, dtype=torch.long, device=model.device)
-        _synchronize(model.device)
-        started = time.perf_counter()
-        forward_rows(model, cache, (0, self.batch), [self.context] * self.batch, tokens)
-        _synchronize(model.device)
-        return time.perf_counter() - started
-
-    def target(self, q: int) -> float:
-        return min(self._time(0, q) for _ in range(3))
-
-    def draft(self) -> float:
-        return min(self._time(1, 1) for _ in range(3))
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def with_scale_of(self, live: CostModel) -> CostModel:
+        """This (kept) model with the live scale of ``live`` merged in, weighted by its rounds since
+        it was last kept (``scale_rounds``); nothing of either changes."""
+        model = CostModel.from_json(self.to_json())
+        for k, rounds in live.scale_rounds.items():
+            if not rounds or k not in live.scale:
+                continue
+            old_w, new_w = model.scale_weight.get(k, 0.0), float(min(rounds, SCALE_WEIGHT_CAP))
+            old = model.scale.get(k, live.scale[k])
+            model.scale[k] = (old_w * old + new_w * live.scale[k]) / (old_w + new_w)
+            model.scale_weight[k] = min(old_w + new_w, SCALE_WEIGHT_CAP)
+        return model
 
 
 def expected_tokens(acceptance: float, drafts: int) -> float:

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
+from genjob.generation.cost_timing import measure_grid
 from genjob.generation.costs import CostModel, choose_draft_length
 from genjob.generation.engine_stats import EngineStats, acceptance_estimates
 from genjob.generation.forward import cache_shapes, forward_rows, max_positions, to_device
@@ -44,7 +45,8 @@ class Engine:
     """Decodes ``Request``s with ``target`` and an optional ``proposer``, up to ``max_rows`` at a time.
 
     ``k_max`` bounds the draft length; ``fixed_k`` pins it (a constant γ: seeded sampled rows then
-    repeat exactly at any batch size). ``costs`` (measured if not given) drives the choice of k.
+    repeat exactly at any batch size). ``costs`` drives the choice of k: a proposer's engine measures
+    the thorough grid if none is given; plain decoding needs none.
     ``kv_budget_bytes`` bounds the K/V caches: fewer rows are admitted when long rows need the room.
     """
 
@@ -68,10 +70,10 @@ class Engine:
         self.k_max = k_max if proposer is not None else 0
         self.fixed_k = fixed_k if proposer is not None else 0
         self.max_rows, self.probe_every = max_rows, probe_every if proposer is not None else 0
-        draft_model = getattr(proposer, "model", None)
-        self.costs = costs or CostModel.measure(
-            target, draft_model, max_batch=max_rows, max_query=self.k_max + 1
-        )
+        if costs is None and proposer is not None:
+            draft_model = getattr(proposer, "model", None)
+            costs = measure_grid(target, draft_model, max_batch=max_rows, max_query=self.k_max + 1)
+        self.costs = costs
         self.cache = SlotCache(cache_shapes(target), dtype=target.dtype, device=target.device)
         self.kv_budget_bytes = kv_budget_bytes
         self.context_limit = max_positions(target)
@@ -220,6 +222,7 @@ class Engine:
             return self.fixed_k, False
         if not any(room):
             return 0, False
+        assert self.costs is not None  # an engine with a proposer has them
         estimates = acceptance_estimates(self.rows, self.stats)
         self.k = choose_draft_length(self.costs, estimates, room, k_max=self.k_max, current=self.k)
         if self.k == 0 and self._round % EXPLORE_EVERY == 0:
@@ -292,7 +295,7 @@ class Engine:
             rejections=round_rejections,
             drafts=limits,
         )
-        if not probe:
+        if not probe and self.costs is not None:
             self.costs.observe(b, k, seconds)
         return self._remove_finished()
 

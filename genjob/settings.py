@@ -65,8 +65,9 @@ class Settings(BaseSettings):
     lease_s: float = Field(
         default=60.0,
         gt=0,
-        description="Item lease: a worker renews the leases of its chunk every lease_s/3; items whose "
-        "lease ran out (their worker died) are queued again.",
+        description="Item lease: a worker renews the leases of its chunk every lease_s/3 while its engine "
+        "makes progress (GENJOB_ROUND_STALL_S); items whose lease ran out (their worker died or stalled) "
+        "are queued again.",
     )
     sweep_interval_s: float = Field(
         default=10.0,
@@ -80,7 +81,22 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(
         default=10.0,
         ge=0,
-        description="On SIGTERM a worker lets the rows in flight finish this long, then gives them back.",
+        description="On SIGTERM a worker lets the rows in flight finish this long, then gives them back; "
+        "a pool process that has not stopped 5 s after that is killed and its leases ended.",
+    )
+    round_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A worker renews its items' leases only while its engine finishes a round at least "
+        "this often; past it, renewals stop (one error line), and a pool process that has not moved "
+        "by the time its leases ran out (about this + GENJOB_LEASE_S) is killed for Celery to replace. "
+        "Raise it where one round can take longer (a big model on a CPU, with a long prefill).",
+    )
+    load_stall_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="The same bound while a pool process loads a job's models (and measures them), "
+        "before its first round.",
     )
     retry_backoff_s: float = Field(
         default=1.0, ge=0, description="Wait before an item's second try; doubles per try (max 60 s)."

@@ -1,14 +1,15 @@
 """Prometheus metrics: their names and labels (one place), multiprocess set-up, and exposition.
 
 Workers count what they do (items by final state, tokens, drafts proposed and accepted, rounds and
-their latency, rows in flight) in their pool processes; ``prometheus_client``'s multiprocess mode
-adds the processes up from files in ``PROMETHEUS_MULTIPROC_DIR``, which ``prepare_multiprocess``
-sets before the library is first imported. Scrape-time gauges read the database and the broker
-(``StateCollector``: jobs by status, open items and queue depth per queue).
+their latency, rows in flight, each pool process's last progress) in their pool processes;
+``prometheus_client``'s multiprocess mode adds the processes up from files in
+``PROMETHEUS_MULTIPROC_DIR``, which ``prepare_multiprocess`` sets before the library is first
+imported. Scrape-time gauges read the database and the broker (``StateCollector``: jobs by status,
+open items and queue depth per queue).
 
-Labels are bounded sets only: model, queue, mode, worker, state (never a job or item id); per-job
-figures are in the database (``genjob status``, ``job_stats``). Processes that only submit (the
-CLI, the API's producer) create no worker series.
+Labels are bounded sets only: model, queue, mode, worker, state, and ``pid`` on the per-process
+progress gauges (never a job or item id); per-job figures are in the database (``genjob status``,
+``job_stats``). Processes that only submit (the CLI, the API's producer) create no worker series.
 Must not know: torch, the worker's code, HTTP, the CLI.
 """
 
@@ -75,6 +76,26 @@ class WorkerMetrics:
             "genjob_chunks",
             "Chunks a worker finished, clean or with failed items.",
             ("queue", "worker", "outcome"),
+        )
+        # Per pool process (``pid``, dead ones left out): its progress, for /healthz and alerts.
+        self.progress_at = Gauge(
+            "genjob_worker_progress_timestamp_seconds",
+            "Unix time a pool process last made progress: an engine round, or taking its chunk.",
+            ("worker",),
+            multiprocess_mode="liveall",
+        )
+        self.holding = Gauge(
+            "genjob_worker_holding_chunk",
+            "1 while a pool process holds a chunk (its items' leases).",
+            ("worker",),
+            multiprocess_mode="liveall",
+        )
+        self.stall_bound = Gauge(
+            "genjob_worker_stall_bound_seconds",
+            "How long a pool process may go without progress now (GENJOB_ROUND_STALL_S, or "
+            "GENJOB_LOAD_STALL_S while it loads models).",
+            ("worker",),
+            multiprocess_mode="liveall",
         )
 
 

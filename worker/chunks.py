@@ -6,10 +6,11 @@ item loop (``genjob.worker.item_loop``); at the end the engine's measurements of
 plain probe rounds, prefill, the worker's busy time, the γ histogram) are added to the job, and the
 job's expected speedup is derived again from its sums and the costs this worker measured.
 
-Reliability: the chunk's items are leased to this process (renewed by its ``LeaseRenewer`` thread), so
-no other worker runs them while it lives and the sweeper takes them back once it dies. Every database
-write is a short transaction (on Postgres, mostly one statement alone: ``store.open_chunk``, a group's
-``finish_and_claim``, ``store.close_chunk``) retried with backoff on a dropped connection. Faults
+Reliability: the chunk's items are leased to this process (renewed by its ``LeaseRenewer`` thread while
+the chunk makes progress), so no other worker runs them while it lives and moves, and the sweeper takes
+them back once it dies or stalls. Every database write is a short transaction (on Postgres, mostly
+one statement alone: ``store.open_chunk``, a group's ``finish_and_claim``, ``store.close_chunk``)
+retried with backoff on a dropped connection. Faults
 land where they belong: a model that cannot load fails the job; anything else that fails while this
 worker holds items (its device, out of memory in warm-up, a bug) costs each held item a try and ends
 its lease at once (``WorkerFault``), so a flapping worker cannot loop a job forever: after
@@ -144,8 +145,10 @@ def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
     if runner.engine.proposer is None or not hist:
         return None
-    drafts = {int(m): n for m, n in (job.drafts_hist or {}).items()}
     costs = runner.engine.costs
+    if costs is None:
+        return None
+    drafts = {int(m): n for m, n in (job.drafts_hist or {}).items()}
     batch = job.decode_rows / job.decode_rounds if job.decode_rounds else 1.0
     tried = job.draft_accepted + job.draft_rejections
     alpha = job.draft_accepted / tried if tried else 0.0
@@ -277,8 +280,9 @@ def process_chunk(
         _close(tx, statement, job_id=job_id, holder=holder, let_go=[])
         return outcome
     started = time.perf_counter()
-    # The leases are renewed from here on: loading the models may take longer than a lease.
-    with RENEWER.holding(settings, item_ids=mine, holder=holder) as renewal:
+    # The leases are renewed from here on: loading the models may take longer than a lease, but not
+    # longer than GENJOB_LOAD_STALL_S; then each round must end within GENJOB_ROUND_STALL_S.
+    with RENEWER.holding(settings, item_ids=mine, holder=holder, allow_s=settings.load_stall_s) as renewal:
         try:
             runner = RUNNERS.get(job_id, spec, settings=settings)
         except ModelLoadError as exc:  # the job's fault: it fails
@@ -290,6 +294,13 @@ def process_chunk(
             renewal.stop()  # the leases it ends stay ended
             raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
         note_once(tx, job_id=job_id, spec=spec)
+        log.info(
+            "job %s: decoding %d items from here (models and costs ready in %.1f s)",
+            job_id,
+            len(mine),
+            time.perf_counter() - started,
+        )
+        renewal.beat()  # loaded: from here on, rounds
         context = ChunkContext(
             settings=settings,
             job_id=job_id,
@@ -298,12 +309,15 @@ def process_chunk(
             tx=tx,
             statement=statement,
             stop_renewals=renewal.stop,
+            beat=renewal.beat,
         )
         labels = {"model": spec.model, "queue": queue, "mode": spec.mode.value, "worker": worker}
         loop = ItemLoop(runner, context, outcome)
         with metered(runner.engine, outcome, **labels):
             try:
                 loop.run(mine, keep_last=statement is not None)  # the last group goes with the close
+                if isinstance(runner, JobRunner):
+                    runner.keep_costs()  # what its rounds learnt, for the processes that follow
                 measured = _measured(runner, started)
                 renewal.stop()  # none after the close, which may end leases (a graceful stop)
                 last, loop.finished = loop.finished, []

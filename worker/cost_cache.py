@@ -1,78 +1,143 @@
-"""The forward costs a worker measured, kept on disk so that a new process need not measure them again.
+"""The forward costs a worker measured and learnt, kept on disk for the processes that follow.
 
-Measuring the cost grid (``CostModel.measure``) takes seconds to minutes on a CPU, and a job pays it as
-decoding time (its measured speedup stays honest); a worker that restarts, or an embedded ``genjob
-submit`` run after another, would pay it every time. Each measurement is stored as JSON under
-``GENJOB_COST_CACHE_DIR``, named by a hash of everything it depends on (each model's name, config and
-weight files (their sizes and times), the device's name, the dtype, torch's version and its thread
-count) and by the largest batch size and query length it covers, so one grid serves every job within
-it. Only a steady measurement is kept (its passes agreed: one taken while other work kept the machine
-busy would mislead later processes). A stored measurement older than ``MAX_AGE_S`` is measured again;
-live rounds correct what drifts between (the live scale in ``CostModel``). An unreadable file is
-measured again and replaced; writes are atomic.
-Must not know: Celery, the database, the core's store.
+A job never waits for a full measurement: ``costs_for`` reads what earlier processes kept for this pair
+on this device and measures only the batch rows it lacks, as a cheap prior (``quick_prior``: a few
+forwards at the batch size in use and at B = 1, a fraction of a second for a small model on a CPU),
+merged into the kept grid and stored at once. The job's live rounds then learn what the dummy forwards
+miss (the live scale per draft length), and ``remember`` merges that into the file after each chunk,
+weighted by its rounds. ``calibrate`` (``genjob calibrate``) measures the thorough grid ahead of the
+jobs; it counts more (``CALIBRATED_WEIGHT``), and a grid measured while the machine was busy counts
+less, but nothing measured is thrown away (``CostModel.merged``: a weighted mean per batch row).
+
+One JSON file per identity under ``GENJOB_COST_CACHE_DIR``: a hash of everything the costs depend on
+(each model's name, config and weight files (their sizes and times), the device's name, the dtype,
+torch's version and its thread count). A file older than ``MAX_AGE_S`` is measured again; one that
+cannot be read is measured again and replaced; writes are atomic, and a lock file keeps two processes
+of one machine from losing each other's merge. A directory that cannot be written only costs the next
+process the prior again. Must not know: Celery, the database, the core's store.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import platform
-import re
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from genjob.generation.cost_timing import grid_batches, measure_grid, quick_prior
 from genjob.generation.costs import CostModel
 
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 7 * 24 * 3600
-FORMAT = 1  # bump when the grid CostModel.measure times changes meaning
+FORMAT = 2  # bump when what the file holds changes meaning
+PRIOR_WEIGHT = 1.0  # a quick prior's rows
+CALIBRATED_WEIGHT = 3.0  # a steady thorough grid's rows (``genjob calibrate``); a busy one counts 1
 
 
-def load_or_measure(
-    directory: str | None,
+def cost_file(directory: str | None, target: PreTrainedModel, draft: PreTrainedModel | None) -> Path | None:
+    """Where this pair's costs on this device are kept (None: GENJOB_COST_CACHE_DIR is empty)."""
+    if not directory:
+        return None
+    return Path(directory).expanduser() / f"{_identity(target, draft)}.json"
+
+
+def costs_for(
+    path: Path | None,
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    *,
+    batches: Sequence[int],
+    max_query: int,
+) -> CostModel:
+    """Costs serving ``batches`` up to ``max_query`` tokens per row: the kept ones where they cover
+    them (``measure_seconds`` 0), else with the rows they lack measured now (a quick prior) and kept."""
+    with _locked(path):
+        kept = _read(path) if path is not None else None
+        missing = [b for b in sorted(set(batches)) if kept is None or not kept.covers(b, max_query)]
+        if kept is not None and not missing:
+            log.info("cost model: reusing %s (kept %s ago)", path, _age(path))
+            return kept
+        prior = quick_prior(target, draft, batches=missing, max_query=max_query)
+        model = kept.merged(prior, weight=PRIOR_WEIGHT) if kept is not None else prior
+        log.info(
+            "cost model: a prior for B %s, q <= %d measured in %.2f s (live rounds learn the rest)%s",
+            missing,
+            max_query,
+            prior.measure_seconds,
+            f"; kept in {path}" if path else "",
+        )
+        if path is not None:
+            _write(path, model)
+        return model
+
+
+def calibrate(
+    path: Path | None,
     target: PreTrainedModel,
     draft: PreTrainedModel | None,
     *,
     max_batch: int,
     max_query: int,
 ) -> CostModel:
-    """A stored measurement of this pair on this device covering ``max_batch`` and ``max_query`` (the
-    smallest such grid: one measured for B ≤ 64 and q ≤ 9 serves every job within them), else a new
-    one, stored. ``directory`` empty or None: always measure."""
-    if not directory:
-        return CostModel.measure(target, draft, max_batch=max_batch, max_query=max_query)
-    folder, stem = Path(directory).expanduser(), _identity(target, draft)
-    for path in _covering(folder, stem, max_batch=max_batch, max_query=max_query):
-        costs = _read(path)
-        if costs is not None:
-            log.info("cost model: reusing %s (measured %s ago)", path, _age(path))
-            return costs
-    costs = CostModel.measure(target, draft, max_batch=max_batch, max_query=max_query)
-    if costs.steady:
-        _write(folder / f"{stem}-b{max_batch}-q{max_query}.json", costs)
-    else:
-        log.warning("cost model: the machine was busy while measuring (passes disagree); not kept")
-    return costs
+    """The thorough grid up to ``max_batch`` and ``max_query``, kept with ``CALIBRATED_WEIGHT`` (1 when
+    the machine was busy); read instead where a steady calibration already covers it."""
+    with _locked(path):
+        kept = _read(path) if path is not None else None
+        wanted = grid_batches(max_batch)
+        if kept is not None and all(
+            kept.covers(b, max_query) and kept.row_weight.get(b, 0.0) >= CALIBRATED_WEIGHT for b in wanted
+        ):
+            return kept
+        grid = measure_grid(target, draft, max_batch=max_batch, max_query=max_query)
+        weight = CALIBRATED_WEIGHT if grid.steady else PRIOR_WEIGHT
+        if kept is None:
+            grid.row_weight = {b: weight for b in grid.batch_sizes}
+        model = kept.merged(grid, weight=weight) if kept is not None else grid
+        if path is not None:
+            _write(path, model)
+        return model
 
 
-def _covering(folder: Path, stem: str, *, max_batch: int, max_query: int) -> list[Path]:
-    """Stored grids of this identity whose batch sizes and query lengths reach the ones asked for,
-    smallest first."""
-    found = []
-    for path in folder.glob(f"{stem}-b*-q*.json"):
-        match = re.fullmatch(rf"{stem}-b(\d+)-q(\d+)\.json", path.name)
-        if match and int(match[1]) >= max_batch and int(match[2]) >= max_query:
-            found.append((int(match[1]) * int(match[2]), path))
-    return [path for _, path in sorted(found)]
+def remember(path: Path | None, live: CostModel) -> None:
+    """Merge what ``live`` learnt since it was last kept (its live scale, weighted by the rounds behind
+    it) into the kept file; the rounds then count as kept."""
+    if path is None or not any(live.scale_rounds.values()):
+        return
+    with _locked(path):
+        kept = _read(path) or CostModel.from_json(live.to_json())
+        _write(path, kept.with_scale_of(live))
+    for k, rounds in live.scale_rounds.items():
+        live.scale_weight[k] = live.scale_weight.get(k, 0.0) + rounds
+    live.scale_rounds.clear()
+
+
+@contextmanager
+def _locked(path: Path | None) -> Iterator[None]:
+    """An exclusive lock on ``path``'s lock file for the block (no lock where none can be taken)."""
+    if path is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 (held for the block)
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _identity(target: PreTrainedModel, draft: PreTrainedModel | None) -> str:
@@ -120,7 +185,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _read(path: Path) -> CostModel | None:
+def _read(path: Path | None) -> CostModel | None:
+    if path is None:
+        return None
     try:
         if time.time() - path.stat().st_mtime > MAX_AGE_S:
             return None
@@ -142,6 +209,8 @@ def _write(path: Path, costs: CostModel) -> None:
         log.warning("cost model: cannot store %s (%s)", path, exc)
 
 
-def _age(path: Path) -> str:
+def _age(path: Path | None) -> str:
+    if path is None:
+        return "-"
     seconds = max(0, int(time.time() - path.stat().st_mtime))
     return f"{seconds // 3600} h {seconds % 3600 // 60} min" if seconds >= 3600 else f"{seconds} s"

@@ -1,8 +1,10 @@
 """The worker's own faults and stops: the device check before it consumes anything, and the stop flag.
 
 A worker whose device cannot start (``GENJOB_DEVICE=cuda`` on a machine without one, a driver that
-fails) or cannot run a warm-up computation must not take chunks it can only fail: ``check_device``
-runs before the Celery worker starts and ``genjob worker`` exits non-zero with one line saying why.
+fails) or cannot run a warm-up computation must not take chunks it can only fail: ``probe_device``
+runs ``check_device`` before the Celery worker starts, in a short-lived process of its own (spawned,
+never forked: the worker's main process runs no torch op and never touches CUDA before its pool
+forks, ``genjob.worker.main``), and ``genjob worker`` exits non-zero with one line saying why.
 
 Graceful stop: on SIGTERM (to the main process: Celery's warm shutdown; or to a pool process, as
 ``kill`` of the process group sends it) ``STOP`` is raised in memory shared by the main process and
@@ -14,16 +16,22 @@ Must not know: the database, HTTP, the CLI.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 # Created at import, in the main process, before the pool forks: its children share it.
 STOP = multiprocessing.RawValue(ctypes.c_bool, False)
+
+
+PROBE_TIMEOUT_S = 300.0  # a device that has not run a 64×64 matmul by then is taken as unusable
 
 
 class DeviceUnusable(RuntimeError):
@@ -53,6 +61,36 @@ def check_device(device: str) -> str:
     except Exception as exc:
         raise DeviceUnusable(f"device {device!r} cannot start: {type(exc).__name__}: {exc}") from exc
     return str(resolved)
+
+
+def probe_device(device: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, int]:
+    """``check_device`` in a new Python process (not a fork of this one), so that this process runs no
+    torch op and creates no CUDA context: (the device's name, the pid it ran in), or DeviceUnusable."""
+    code = "import sys; from genjob.worker.health import _probe_main; _probe_main(sys.argv[1])"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, device], capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceUnusable(
+            f"device {device!r} ran no warm-up computation within {timeout_s:.0f} s"
+        ) from exc
+    lines = done.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if done.returncode == 0 and "device" in answer:
+        return str(answer["device"]), int(answer["pid"])
+    errors = done.stderr.strip().splitlines()
+    reason = answer.get("error") or (errors[-1] if errors else f"the probe exited {done.returncode}")
+    raise DeviceUnusable(str(reason))
+
+
+def _probe_main(device: str) -> None:
+    """The probe process's body: one JSON line on stdout (``device`` and ``pid``, or ``error``)."""
+    try:
+        print(json.dumps({"device": check_device(device), "pid": os.getpid()}))
+    except DeviceUnusable as exc:
+        print(json.dumps({"error": str(exc)}))
+        sys.exit(1)
 
 
 _TERMS_HERE: list[int] = []  # SIGTERMs this process received (the shared flag may be set by another)

@@ -13,7 +13,8 @@ the rest, with the usual bounded retries, so a poison item fails alone and its b
 Cancel and expiry are checked at every claim and about once a second: no new item is claimed after
 them; the rows in flight finish and are kept. On a graceful stop (SIGTERM, ``genjob.worker.health``)
 nothing more is claimed, the rows in flight get ``GENJOB_STOP_GRACE_S`` to finish, and the rest are
-given back at once (their tries not counted). Must not know: HTTP, the CLI.
+given back at once (their tries not counted). After each engine round the loop beats
+(``ChunkContext.beat``): the chunk's leases are renewed only while it does. Must not know: HTTP, the CLI.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import logging
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from genjob.generation.requests import Finished
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
 from genjob.tables import Job
+from genjob.worker.chunk_context import ChunkContext, ChunkOutcome
 from genjob.worker.health import stopping
 from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, result_row
 
@@ -46,28 +47,6 @@ WRITE_EVERY_S = 1.0  # finished rows wait at most this long for the next claim's
 DROPPED = "job %s item %s: finished after its lease was taken over; result dropped"
 Rows = list[tuple[ClaimedItem, dict[str, Any]]]  # finished items and their result rows
 Claimed = list[ClaimedItem] | store.Refused
-
-
-@dataclass
-class ChunkOutcome:
-    done: int = 0
-    failed: int = 0
-    skipped: int = 0
-    retried: int = 0
-    stopped: bool = False
-    interrupted: bool = False  # a graceful stop (SIGTERM): what was left is given back
-
-
-@dataclass(frozen=True)
-class ChunkContext:
-    settings: Settings
-    job_id: str
-    holder: str  # the lease holder: worker name / pid
-    worker: str
-    tx: Callable[..., Any]
-    # Postgres: one statement in autocommit (db.run_statement), for the group's write-and-claim
-    statement: Callable[..., Any] | None = None
-    stop_renewals: Callable[[], None] = lambda: None  # before leases are handed back: none renews them
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -203,6 +182,7 @@ class ItemLoop:
             except Exception as exc:  # the batch is lost: its items go back, to be run one by one
                 self._lose_batch(exc)
                 continue
+            self.context.beat()  # a round ended: the chunk moves, its leases are renewed
             for done in finished:
                 self._finished(done)
 
@@ -367,6 +347,7 @@ class ItemLoop:
                 while engine.busy:
                     for done in engine.step():
                         self._finished(done)
+                    self.context.beat()
                 self._write()
                 return True
             except Exception as exc:
@@ -397,4 +378,5 @@ class ItemLoop:
                     outcome=AttemptOutcome.RETRIED,
                 )
                 self.outcome.retried += 1
+                self.context.beat(delay)  # the backoff is no stall
                 time.sleep(delay)

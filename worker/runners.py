@@ -1,8 +1,9 @@
 """A job's runner in a worker process: its models, tokenizer and engine, built once per job and cached.
 
 Turns the job's options into the engine's (proposer, γ bounds, probe rounds, batch size) and an item
-into a ``Request`` (encoding the prompt and checking the model's context). The costs of the device
-are measured once per model pair and batch size, kept in this process and on disk (``cost_cache``).
+into a ``Request`` (encoding the prompt and checking the model's context). The costs of the device are
+read once per model pair and batch size (``cost_cache``: what earlier processes kept, plus a cheap
+prior for the rows they lack); a plain job with its batch size given needs none and measures nothing.
 Must not know: Celery, the store's SQL.
 """
 
@@ -14,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from threading import Lock
 from typing import Any
 
@@ -21,6 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from genjob.constants import DecodingMode, DraftSchedule
+from genjob.generation.cost_timing import grid_batches
 from genjob.generation.costs import CostModel
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
@@ -31,7 +34,8 @@ from genjob.generation.requests import Finished, Request, StopCheck
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
-from genjob.worker.cost_cache import load_or_measure
+from genjob.worker import cost_cache
+from genjob.worker.cost_cache import cost_file, costs_for
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +88,53 @@ PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
 
 @lru_cache(maxsize=8)
 def measured_costs(
-    target: str, draft: str | None, device: str, dtype: str, batch: int, k_max: int, cache_dir: str | None
-) -> CostModel:
-    """The device's costs for this pair: kept once per process, and on disk in ``cache_dir`` across
-    processes (``cost_cache``); measured (a few forwards per grid point) only where neither has them."""
+    target: str,
+    draft: str | None,
+    device: str,
+    dtype: str,
+    batches: tuple[int, ...],
+    max_query: int,
+    cache_dir: str | None,
+) -> tuple[CostModel, Path | None]:
+    """The device's costs for this pair at ``batches`` (and the file they are kept in): once per
+    process, and on disk in ``cache_dir`` across processes (``cost_cache.costs_for``)."""
+    target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if draft is not None else None
-    return load_or_measure(
-        cache_dir, load_model(target, device, dtype), draft_model, max_batch=batch, max_query=k_max + 1
-    )
+    path = cost_file(cache_dir, target_model, draft_model)
+    return costs_for(path, target_model, draft_model, batches=batches, max_query=max_query), path
+
+
+def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int]:
+    """``genjob calibrate``: the thorough grid for the job's models up to its batch size (or the one
+    the device suggests) and draft length, kept for the jobs that follow: (costs, batch, k_max)."""
+    device, dtype = settings.device, settings.dtype
+    target = load_model(spec.model, device, dtype)
+    draft = None
+    if spec.mode is DecodingMode.DRAFT and spec.assistant is not None:
+        draft = load_model(spec.assistant, device, dtype)
+    k_max = _draft_length(spec) if spec.mode is not DecodingMode.NONE else 0
+    batch = batch_size_for(spec, settings) or _suggested(spec.model, settings)
+    path = cost_file(settings.cost_cache_dir, target, draft)
+    return cost_cache.calibrate(path, target, draft, max_batch=batch, max_query=k_max + 1), batch, k_max
+
+
+def _draft_length(spec: JobSpec) -> int:
+    return spec.prompt_lookup_tokens if spec.mode is DecodingMode.PROMPT_LOOKUP else spec.draft_tokens
+
+
+def _suggested(model: str, settings: Settings) -> int:
+    """The batch size the device suggests for plain decoding of ``model``: one-token steps measured (or
+    read) at B = 1, 2, 4, … up to 64, stopping at the first B not worth its rows."""
+    grid = grid_batches(LARGEST_PROBED_BATCH)
+    best = grid[0]
+    for n in range(2, len(grid) + 1):
+        plain, _ = measured_costs(
+            model, None, settings.device, settings.dtype, tuple(grid[:n]), 1, settings.cost_cache_dir
+        )
+        best = suggested_batch_size(plain)
+        if best < grid[n - 1]:
+            break
+    return best
 
 
 def set_torch_threads(settings: Settings) -> None:
@@ -126,13 +169,24 @@ class JobRunner:
     eos_ids: frozenset[int]
     context: int | None
     batch_size: int  # rows per batch on this worker (halved for good after an out-of-memory error)
-    # Seconds this worker spent measuring costs for speculation beyond what plain decoding measures:
+    # Seconds this worker spent measuring costs for speculation (plain decoding measures none):
     # charged once to the job's speculative side, so its measured speedup stays honest for short jobs.
     setup_extra_s: float = 0.0
+    cost_path: Path | None = None  # where the engine's costs are kept (``keep_costs``)
 
     def take_setup_extra(self) -> float:
         extra, self.setup_extra_s = self.setup_extra_s, 0.0
         return extra
+
+    def keep_costs(self) -> None:
+        """Merge what the engine's rounds learnt about the costs into the kept file, for later processes
+        (a failure to keep them is logged, never the chunk's)."""
+        if self.engine.costs is None:
+            return
+        try:
+            cost_cache.remember(self.cost_path, self.engine.costs)
+        except Exception as exc:
+            log.warning("cost model: could not keep what this chunk learnt: %s", exc)
 
     @classmethod
     def build(cls, spec: JobSpec, *, settings: Settings) -> JobRunner:
@@ -148,21 +202,20 @@ class JobRunner:
             proposer = DraftModel(load_model(draft, device, dtype))
         elif spec.mode is DecodingMode.PROMPT_LOOKUP:
             proposer = PromptLookup(max_ngram=3)
-        gamma = spec.prompt_lookup_tokens if spec.mode is DecodingMode.PROMPT_LOOKUP else spec.draft_tokens
+        gamma = _draft_length(spec)
         k_max = gamma if proposer is not None else 0
-        batch = batch_size_for(spec, settings)
-        if batch is None:
-            plain = measured_costs(  # one-token steps
-                spec.model, None, device, dtype, LARGEST_PROBED_BATCH, 0, settings.cost_cache_dir
-            )
-            batch = suggested_batch_size(plain)
+        batch = batch_size_for(spec, settings) or _suggested(spec.model, settings)
         probe_every = (
             round(1 / spec.baseline_fraction) if proposer is not None and spec.baseline_fraction else 0
         )
-        misses = measured_costs.cache_info().misses
-        costs = measured_costs(spec.model, draft, device, dtype, batch, k_max, settings.cost_cache_dir)
-        fresh = measured_costs.cache_info().misses > misses  # (measure_seconds is 0 when read from disk)
-        extra = costs.measure_seconds - costs.plain_measure_seconds if fresh and proposer else 0.0
+        costs, path, extra = None, None, 0.0
+        if proposer is not None:
+            misses = measured_costs.cache_info().misses
+            costs, path = measured_costs(
+                spec.model, draft, device, dtype, (1, batch), k_max + 1, settings.cost_cache_dir
+            )
+            fresh = measured_costs.cache_info().misses > misses  # (measure_seconds is 0 when read)
+            extra = costs.measure_seconds if fresh else 0.0
         engine = Engine(
             target,
             proposer,
@@ -174,7 +227,8 @@ class JobRunner:
             kv_budget_bytes=settings.kv_cache_bytes,
         )
         tokenizer = load_tokenizer(spec.model)
-        return cls(spec, engine, tokenizer, eos_ids(target, tokenizer), max_positions(target), batch, extra)
+        eos = eos_ids(target, tokenizer)
+        return cls(spec, engine, tokenizer, eos, max_positions(target), batch, extra, path)
 
     def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request:
         """The item as the engine's request; ``plain``: a twin decoded without drafts (the lossless check).

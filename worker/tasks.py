@@ -32,14 +32,24 @@ def chunk_result(outcome: Any) -> dict[str, Any]:
 def register_tasks(app: Celery) -> None:
     settings = app.genjob_settings
     from genjob.worker.health import install_stop_handlers
+    from genjob.worker.stop_deadline import install_stop_deadline
 
     install_stop_handlers()
+    install_stop_deadline()  # a warm shutdown ends by GENJOB_STOP_GRACE_S + a margin, stuck pool or not
 
     @worker_process_init.connect(weak=False)
-    def _limit_threads(**_kwargs) -> None:
-        from genjob.worker.runners import set_torch_threads
+    def _watch_progress(**_kwargs) -> None:
+        from genjob.worker.leasing import RENEWER
 
-        set_torch_threads(settings)
+        RENEWER.end_when_stalled = True  # a pool process that stalls is killed: Celery replaces it
+
+    @worker_process_init.connect(weak=False)
+    def _set_threads(**_kwargs) -> None:
+        import torch
+
+        from genjob.worker.main import pool_threads
+
+        torch.set_num_threads(pool_threads(settings, app.conf.worker_concurrency or 1))
 
     # shared=False: a task of one app (its settings) must never be lent to another app.
     @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False)

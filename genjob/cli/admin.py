@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -65,9 +66,11 @@ def worker(
 ) -> None:
     """Run a Celery worker that generates queued chunks.
 
-    Checks its device first (GENJOB_DEVICE): a device that cannot start or run
-    a warm-up computation stops it before it takes any chunk (exit 1, one line
-    saying why). Acks late, prefetches one chunk, loads models once per process. Extra
+    Checks its device first (GENJOB_DEVICE), in a short-lived process of its
+    own: a device that cannot start or run a warm-up computation stops it before
+    it takes any chunk (exit 1, one line saying why). Each pool process uses
+    GENJOB_TORCH_THREADS torch threads (default: the cores this worker may use
+    ÷ --concurrency). Acks late, prefetches one chunk, loads models once per process. Extra
     arguments go to `celery worker` as they are. With --metrics-port, the
     pool processes' metrics are served from the main process (Prometheus
     multiprocess mode, in PROMETHEUS_MULTIPROC_DIR or a temporary directory).
@@ -75,14 +78,22 @@ def worker(
     settings = get_settings()
     if settings.embedded:
         raise click.ClickException("GENJOB_BROKER_URL is not set: a worker needs a broker (redis://…)")
-    from genjob.worker.health import DeviceUnusable, check_device
+    # Idle OpenMP threads sleep instead of spinning (before torch loads, here and in the pool children):
+    # a spinning pool that shares its cores with anything else (this process, the sweeper, another
+    # worker) makes every forward many times slower. OMP_WAIT_POLICY set by the user wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from genjob.worker.health import DeviceUnusable, probe_device
 
     try:
-        check_device(settings.device)
+        device, probed_in = probe_device(settings.device)
     except DeviceUnusable as exc:  # a worker that can only fail must not take chunks
         raise click.ClickException(
             f"worker not started: {exc}; set GENJOB_DEVICE to a device this machine has (cpu, cuda:0…)"
         ) from exc
+    click.echo(
+        f"device {device}: its warm-up computation ran in a process of its own ({probed_in})",
+        err=True,
+    )
     port = metrics_port or settings.metrics_port
     if port is not None:
         _serve_metrics(port)
@@ -124,10 +135,10 @@ def calibrate(**values: Any) -> None:
     """Measure this machine's forward costs for a job's models, batch size and draft length, and keep
     them (GENJOB_COST_CACHE_DIR) for the jobs and workers that follow.
 
-    Takes submit's job options. A job whose worker has not measured them yet
-    counts the measurement (seconds to minutes on a CPU) as its own decoding
-    time, so a short job's measured speedup can read below 1x; run this once per
-    machine, models and batch size first, with the workers' GENJOB_DEVICE,
+    Takes submit's job options. Optional: a job whose worker has nothing kept
+    starts from a cheap prior (a few forwards, charged to the job) and learns
+    the rest from its own rounds. This thorough grid (several timing passes)
+    counts more than a prior; run it with the workers' GENJOB_DEVICE,
     GENJOB_DTYPE and GENJOB_TORCH_THREADS.
     """
     settings = get_settings()
@@ -135,14 +146,14 @@ def calibrate(**values: Any) -> None:
         spec = job_spec(settings, parse_job_options(option_values(values)), allow_paths=True)
     except JobOptionsError as exc:
         raise click.ClickException(f"invalid job options: {exc}") from exc
-    from genjob.worker.runners import JobRunner, set_torch_threads
+    from genjob.worker.runners import calibrate as measure_costs
+    from genjob.worker.runners import set_torch_threads
 
     set_torch_threads(settings)
     started = time.perf_counter()
-    runner = JobRunner.build(spec, settings=settings)
-    costs, batch = runner.engine.costs, runner.batch_size
+    costs, batch, k_max = measure_costs(spec, settings=settings)
     took = time.perf_counter() - started
-    line = costs.at_batch(batch, range(runner.engine.k_max + 1))
+    line = costs.at_batch(batch, range(k_max + 1))
     verify = ", ".join(f"{int(k) + 1}: {ms:.2f}" for k, ms in line["verify_ms"].items())  # type: ignore[attr-defined]
     click.echo(
         f"batch size {batch}: plain step {line['plain_ms']:.2f} ms, draft step {line['draft_step_ms']:.2f} ms"
@@ -151,7 +162,10 @@ def calibrate(**values: Any) -> None:
     if not settings.cost_cache_dir:
         kept = "not kept (GENJOB_COST_CACHE_DIR is empty)"
     elif not costs.steady:
-        kept = "not kept: the machine was busy (the timing passes disagreed); run it again when quieter"
+        kept = (
+            f"kept in {settings.cost_cache_dir}, counting less: the machine was busy (the timing passes "
+            "disagreed); run it again when quieter"
+        )
     else:
         kept = f"kept in {settings.cost_cache_dir}"
     how = "measured" if costs.measure_seconds else "read"

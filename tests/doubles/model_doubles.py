@@ -8,6 +8,8 @@ and each item decides its own behaviour:
   ``poison-while=PATH``  raise while the file PATH exists (then a retry succeeds)
   ``pid-file=PATH``      write this process's pid to PATH before working (to kill it there)
   ``hold-while=PATH``    wait while the file PATH exists (a job that cannot end before the test lets it)
+  ``hang-once=PATH``     the first process to get here creates PATH and hangs for good inside the round
+                         (a lock taken twice, as a pool process deadlocked in C code); later tries pass
 
 With no directive an item takes no time at all (the no-op engine of the pipeline benchmarks).
 Each step finishes every row it holds (up to the batch size), through the same item loop as the real
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,11 +35,22 @@ from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.items import ClaimedItem
 
-DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while)=(\S+)|\b(poison)\b")
+DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while|hang-once)=(\S+)|\b(poison)\b")
 
 
 class PoisonError(RuntimeError):
     pass
+
+
+def hang_the_first_time(marker: Path) -> None:
+    """The first caller (across processes: ``marker`` is created exclusively) never returns."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    deadlock = threading.Lock()
+    deadlock.acquire()
+    deadlock.acquire()  # never returns: no round ends, no beat comes
 
 
 @dataclass
@@ -50,6 +64,7 @@ class ScriptedEngine:
     stats: EngineStats = field(default_factory=EngineStats)
     k: int = 0
     proposer: None = None
+    costs: None = None  # nothing measured: nothing to derive
 
     @property
     def busy(self) -> int:
@@ -81,6 +96,8 @@ class ScriptedEngine:
                     time.sleep(float(value))
                 while key == "hold-while" and Path(value).exists():
                     time.sleep(0.05)
+                if key == "hang-once":
+                    hang_the_first_time(Path(value))
         finished = []
         seconds = time.perf_counter() - started
         for request in rows:

@@ -256,10 +256,10 @@ def test_a_misspelt_model_name_suggests_the_listed_one(env: str, tmp_path: Path,
 def test_calibrate_measures_once_and_keeps_it(
     tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from genjob.generation import costs
+    from genjob.generation import cost_timing
     from genjob.worker import runners
 
-    monkeypatch.setattr(costs, "STEADY_TOLERANCE", float("inf"))  # the suite's machine may be busy
+    monkeypatch.setattr(cost_timing, "STEADY_TOLERANCE", float("inf"))  # the suite's machine may be busy
     monkeypatch.setenv("GENJOB_COST_CACHE_DIR", str(tmp_path / "costs"))
     target, draft = tiny_pair
     args = ("calibrate", "-m", str(target), "-a", str(draft), "--batch-size", "2", "--draft-tokens", "3")

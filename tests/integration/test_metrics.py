@@ -71,7 +71,14 @@ def test_worker_metrics_move_during_a_job_and_stay_bounded(
         assert total(after_five, "genjob_items_total", state="done") == 23
         assert job_id not in text and more not in text
         labels = {name for _, labelset in after_five for name, _ in labelset}
-        assert labels <= {"model", "queue", "mode", "worker", "state", "outcome", "le"}
+        assert labels <= {"model", "queue", "mode", "worker", "state", "outcome", "le", "pid"}
+        # pid only on the pool processes' progress gauges (one series each, dead processes left out)
+        assert {n for n, labelset in after_five if "pid" in dict(labelset)} == {
+            "genjob_worker_progress_timestamp_seconds",
+            "genjob_worker_holding_chunk",
+            "genjob_worker_stall_bound_seconds",
+        }
+        assert total(after_five, "genjob_worker_holding_chunk") == 0  # idle: it holds nothing
     finally:
         worker.stop()
 

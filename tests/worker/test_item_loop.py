@@ -139,7 +139,7 @@ def test_a_chunk_of_several_items_is_decoded_in_batches(
 def dear_draft_costs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The worker's costs given, not timed (a busy machine must not decide a test): a draft step costs
     five verifications."""
-    monkeypatch.setattr(runners, "load_or_measure", lambda *_a, **_k: flat_costs(8, draft_step=5.0))
+    monkeypatch.setattr(runners, "costs_for", lambda *_a, **_k: flat_costs(8, draft_step=5.0))
     runners.measured_costs.cache_clear()
     yield
     runners.measured_costs.cache_clear()

@@ -1,0 +1,155 @@
+"""`genjob worker` as a user starts it: default settings (no GENJOB_TORCH_THREADS), the real demo pair,
+real Postgres, Redis and Celery; and what its main process may do before Celery forks the pool.
+
+A torch operation in the main process before the fork starts torch's OpenMP thread pool, which does not
+survive ``fork``: the pool child's first multi-threaded op then blocks forever (this happened: the
+device check ran a matmul there). CUDA refuses a child forked after its context exists.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from process_helpers import GENJOB, free_port, running, service_env, wait_for
+
+from genjob.worker.main import usable_cores
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "models" / "demo"
+
+# The worker's main process, recording every torch function it runs until its first fork.
+RECORDING_WORKER = r"""
+import json, os, sys
+import torch
+from torch.overrides import TorchFunctionMode
+
+calls = []
+
+
+class Record(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is not torch.device:  # a device object (imports make some) runs nothing
+            calls.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+Record().__enter__()
+report, queue = sys.argv[1], sys.argv[2]
+
+
+def before_fork():
+    if not os.path.exists(report):
+        with open(report, "w") as out:
+            json.dump({"pid": os.getpid(), "calls": calls, "cuda": torch.cuda.is_initialized()}, out)
+
+
+os.register_at_fork(before=before_fork)
+from genjob.cli import main
+
+sys.argv = ["genjob", "worker", "-Q", queue, "-c", "1"]
+main()
+"""
+
+
+def default_env(pg_url: str, queue: str) -> dict[str, str]:
+    """A user's environment: the broker and database, nothing that only makes tests work."""
+    env = service_env(pg_url, queue)
+    env.pop("GENJOB_TORCH_THREADS")
+    return env
+
+
+def test_the_main_process_runs_no_torch_op_before_the_pool_forks(
+    pg_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    report = tmp_path / "fork.json"
+    argv = [sys.executable, "-c", RECORDING_WORKER, str(report), queue_name]
+    with running(argv, default_env(pg_url, queue_name), tmp_path / "worker.log") as process:
+        wait_for(lambda: report.exists() or process.poll() is not None, timeout=120, what="the pool's fork")
+        log = (tmp_path / "worker.log").read_text()
+        assert report.exists(), log
+        seen = json.loads(report.read_text())
+    assert seen["calls"] == [], f"torch ran in the worker's main process before it forked: {seen['calls']}"
+    assert seen["cuda"] is False
+    probed = next(line for line in log.splitlines() if "ran in a process of its own" in line)
+    assert f"({seen['pid']})" not in probed  # the device check ran elsewhere
+
+
+def test_a_default_worker_runs_a_draft_job_with_the_demo_pair(
+    pg_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    env = default_env(pg_url, queue_name)
+    log_path = tmp_path / "worker.log"
+    with running([GENJOB, "worker", "-Q", queue_name], env, log_path):
+        submitted = subprocess.run(
+            [
+                GENJOB,
+                "submit",
+                str(ROOT / "examples" / "prompts.jsonl"),
+                "-m",
+                str(DEMO / "target"),
+                "-a",
+                str(DEMO / "draft"),
+                "--max-new-tokens",
+                "16",
+                "--wait",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        log = log_path.read_text()
+    assert submitted.returncode == 0, submitted.stderr + log
+    assert "completed: 12 done, 0 failed of 12" in submitted.stderr
+    cores = usable_cores()
+    assert f"torch threads per pool process: {cores} ({cores} cores ÷ 1)" in log
+
+
+def test_the_openai_sdk_flow_on_a_fresh_default_worker(pg_url: str, queue_name: str, tmp_path: Path) -> None:
+    """files.create → batches.create → completed, on `genjob api` and a fresh `genjob worker` (default
+    settings, an empty cost cache) running the demo pair from the allow-list."""
+    models = json.dumps({"demo": {"target": str(DEMO / "target"), "draft": str(DEMO / "draft")}})
+    env = default_env(pg_url, queue_name)
+    env.update(GENJOB_MODELS=models, GENJOB_API_KEYS="k", GENJOB_COST_CACHE_DIR=str(tmp_path / "costs"))
+    port = free_port()
+    with (
+        running([GENJOB, "worker", "-Q", queue_name], env, tmp_path / "worker.log"),
+        running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"),
+    ):
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, what="API")
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k")
+        requests = [
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "demo", "prompt": f"def function_{i}(x):", "max_tokens": 24},
+            }
+            for i in range(6)
+        ]
+        body = "".join(json.dumps(line) + "\n" for line in requests).encode()
+        uploaded = sdk.files.create(file=("requests.jsonl", body), purpose="batch")
+        batch = sdk.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+        )
+        ended = wait_for(
+            lambda: (b := sdk.batches.retrieve(batch.id)).status in ("completed", "failed", "expired") and b,
+            timeout=300,
+            what="the batch",
+        )
+        log = (tmp_path / "worker.log").read_text()
+        assert ended.status == "completed", log
+        assert ended.request_counts is not None and ended.request_counts.completed == 6, log
+        assert ended.output_file_id is not None
+        lines = [json.loads(line) for line in sdk.files.content(ended.output_file_id).text.splitlines()]
+        assert sorted(line["custom_id"] for line in lines) == [f"r{i}" for i in range(6)]
+        assert all(line["response"]["status_code"] == 200 for line in lines)
