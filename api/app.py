@@ -160,7 +160,7 @@ def _openapi_with_model_names(app: FastAPI) -> dict:
             description=app.description,
             routes=app.routes,
         )
-        names = [entry.name for entry in app.state.settings.models]
+        names = [entry.name for entry in app.state.settings.catalog]
         for parameter in spec["paths"]["/v1/jobs"]["post"]["parameters"]:
             if parameter["name"] in ("model", "assistant") and names:
                 parameter["schema"]["enum"] = names

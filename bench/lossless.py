@@ -7,6 +7,12 @@ noise can flip a near tie: at its first differing position the oracle's two best
 within 1e-4. Every difference is counted and its top-2 gap reported.
 
     taskset -c 1 .venv/bin/python bench/lossless.py [--n 240] [--new 64]
+
+With ``--model smollm2`` (the real model, no draft: prompt lookup only, and plain decoding on our
+engine), the prompts are the held-out chat prompts of every example task (``bench/task_prompts``),
+rendered by its chat template:
+
+    taskset -c 1 .venv/bin/python bench/lossless.py --model smollm2 --n 100 --new 32 --batches 1,8,32
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import task_prompts  # bench/task_prompts.py
+
+from genjob.catalog import resolve_model
 from genjob.generation.cost_timing import measure_grid
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
@@ -29,6 +39,7 @@ from genjob.generation.forward import max_positions
 from genjob.generation.loading import eos_ids, load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup
 from genjob.generation.requests import Request
+from genjob.settings import get_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
@@ -65,20 +76,38 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=240)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--model", default="demo", help="demo (the pair) or a catalog name (smollm2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    target, draft = load_model(str(DEMO / "target")), load_model(str(DEMO / "draft"))
-    tokenizer = load_tokenizer(str(DEMO / "target"))
+    if args.model == "demo":
+        target, draft = load_model(str(DEMO / "target")), load_model(str(DEMO / "draft"))
+        tokenizer = load_tokenizer(str(DEMO / "target"))
+    else:
+        settings = get_settings()
+        location = resolve_model(settings, args.model, allow_paths=True).target
+        target = load_model(location, cache_dir=settings.model_cache_dir)
+        tokenizer, draft = load_tokenizer(location, cache_dir=settings.model_cache_dir), None
     eos = eos_ids(target, tokenizer)
     context = max_positions(target) or 10**9
     prompts = []
-    for line in args.prompts.read_text(encoding="utf-8").splitlines()[: args.n]:
-        ids = tokenizer(json.loads(line)["prompt"])["input_ids"][: context - 1]
-        prompts.append((ids, min(args.new, context - len(ids))))  # up to the context limit, never past it
+    if draft is None:
+        per_task = -(-args.n // len(task_prompts.TASKS))
+        for task in task_prompts.TASKS:
+            for line in task_prompts.chat_lines(task, task_prompts.HELDOUT_PACKAGES, per_task):
+                ids = tokenizer.apply_chat_template(
+                    line["body"]["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                prompts.append((ids, min(args.new, context - len(ids))))
+        prompts = prompts[: args.n]
+    else:
+        for line in args.prompts.read_text(encoding="utf-8").splitlines()[: args.n]:
+            ids = tokenizer(json.loads(line)["prompt"])["input_ids"][: context - 1]
+            prompts.append((ids, min(args.new, context - len(ids))))  # up to the context, never past it
     started = time.perf_counter()
     expected = [oracle(target, ids, new, eos) for ids, new in prompts]
     longest = max(len(ids) + new for ids, new in prompts)
-    source = args.prompts.relative_to(ROOT)
+    source = args.prompts.relative_to(ROOT) if draft is not None else "the example tasks' held-out chat"
     print(
         f"# {len(prompts)} prompts from {source}, up to {args.new} new tokens, longest prompt + output "
         f"{longest} of the context's {context}; oracle {time.perf_counter() - started:.0f} s",
@@ -88,9 +117,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     failures = 0
     for batch in [int(b) for b in args.batches.split(",")]:
-        costs = measure_grid(target, draft, max_batch=batch, max_query=9)
-        for name, proposer in (("draft", DraftModel(draft)), ("prompt lookup", PromptLookup())):
-            engine = Engine(target, proposer, max_rows=batch, k_max=8, costs=costs)
+        costs = measure_grid(target, draft, max_batch=batch, max_query=11)
+        proposers = {"prompt lookup": PromptLookup(), "plain": None}
+        if draft is not None:
+            proposers = {"draft": DraftModel(draft), "prompt lookup": PromptLookup()}
+        for name, proposer in proposers.items():
+            k_max = 10 if proposer is not None else 0
+            engine = Engine(target, proposer, max_rows=batch, k_max=k_max, costs=costs)
             requests = [
                 Request(key=i, input_ids=ids, max_new_tokens=new, eos_ids=eos)
                 for i, (ids, new) in enumerate(prompts)

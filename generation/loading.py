@@ -1,8 +1,10 @@
-"""Load models and tokenizers by hub id or local path, once per process, cached by name.
+"""Load models and tokenizers by hub id, local path or GGUF file, once per process, cached by name.
 
-Never ``trust_remote_code``: only architectures built into transformers are loaded. The dtype is the
-device's: float32 on CPU, bfloat16 on a GPU that has it (else float16), unless asked; lossless means
-equal to plain decoding in the same dtype. Must not know: the database, Celery, HTTP, the core.
+A GGUF file is converted once into the model cache (``cache_dir``, see ``model_source``) and loaded
+from there as a plain checkpoint. Never ``trust_remote_code``: only architectures built into
+transformers are loaded. The dtype is the device's: float32 on CPU, bfloat16 on a GPU that has it
+(else float16), unless asked; lossless means equal to plain decoding in the same dtype.
+Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from genjob.generation.model_source import ModelLoadError as ModelLoadError  # raised here, and re-exported
+from genjob.generation.model_source import local_checkpoint
+
 log = logging.getLogger(__name__)
 hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded, or a draft does not fit its target."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -43,13 +44,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 @lru_cache(maxsize=4)
-def load_model(name_or_path: str, device: str = "cpu", dtype: str = "auto") -> PreTrainedModel:
-    """A causal LM in eval mode on ``device`` in ``dtype`` (see ``resolve_dtype``)."""
+def load_model(
+    name_or_path: str, device: str = "cpu", dtype: str = "auto", *, cache_dir: str | None = None
+) -> PreTrainedModel:
+    """A causal LM in eval mode on ``device`` in ``dtype`` (see ``resolve_dtype``); a GGUF file is
+    loaded from its checkpoint in ``cache_dir`` (converted first if need be)."""
     target = resolve_device(device)
+    checkpoint = local_checkpoint(name_or_path, cache_dir)
     log.info("loading model %s on %s", name_or_path, target)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=resolve_dtype(dtype, target), trust_remote_code=False
+            checkpoint, dtype=resolve_dtype(dtype, target), trust_remote_code=False
         )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {exc}") from exc
@@ -72,17 +77,19 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> froze
 
 
 @lru_cache(maxsize=4)
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> PreTrainedTokenizerBase:
+    """The model's tokenizer; a GGUF file's from its checkpoint in ``cache_dir`` (converted if need be)."""
+    checkpoint = local_checkpoint(name_or_path, cache_dir)
     try:
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
 
 
-def check_same_vocabulary(target: str, assistant: str) -> None:
+def check_same_vocabulary(target: str, assistant: str, *, cache_dir: str | None = None) -> None:
     """Assisted generation needs the draft to share the target's tokenizer; refuse otherwise."""
-    target_vocab = load_tokenizer(target).get_vocab()
-    draft_vocab = load_tokenizer(assistant).get_vocab()
+    target_vocab = load_tokenizer(target, cache_dir=cache_dir).get_vocab()
+    draft_vocab = load_tokenizer(assistant, cache_dir=cache_dir).get_vocab()
     if target_vocab != draft_vocab:
         only_target = len(target_vocab.keys() - draft_vocab.keys())
         only_draft = len(draft_vocab.keys() - target_vocab.keys())

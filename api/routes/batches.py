@@ -109,7 +109,9 @@ async def create_batch(
             settings,
             owner=caller.owner,
             request=request,
-            tokenizer_for=lambda location, name: PromptTokenizer(location, label=name),
+            tokenizer_for=lambda location, name: PromptTokenizer(
+                location, label=name, cache_dir=settings.model_cache_dir
+            ),
             idempotency_key=idempotency_key,
             retried=bool(retry_count),
         )

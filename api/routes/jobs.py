@@ -120,7 +120,9 @@ async def create_job(
                 stream=upload.file.file,
                 source=upload.source,
                 spec=spec,
-                tokenizer=PromptTokenizer(spec.model, label=options.model),
+                tokenizer=PromptTokenizer(
+                    spec.model, label=options.model, cache_dir=settings.model_cache_dir
+                ),
                 name=options.name,
                 input_format=options.input_format,
                 submitter=submitter,

@@ -97,7 +97,7 @@ def submit(
                 settings,
                 path=prompts,
                 spec=spec,
-                tokenizer=PromptTokenizer(spec.model),
+                tokenizer=PromptTokenizer(spec.model, cache_dir=settings.model_cache_dir),
                 name=options.name,
                 expires_at=deadline(expire_after),
                 input_format=options.input_format,

@@ -25,8 +25,9 @@ def api(host: str | None, port: int | None, log_level: str) -> None:
     GENJOB_API_KEYS. Without keys the API is local-only: it listens on
     127.0.0.1, serves loopback clients only, and refuses any other --host.
     A port another server listens on is refused (rather than shared).
-    Jobs name their model from the GENJOB_MODELS allow-list. The OpenAPI
-    spec is at /openapi.json, the docs at /docs.
+    Jobs name their model from the allow-list (GENJOB_MODELS, and the
+    built-in smollm2). The OpenAPI spec is at /openapi.json, the docs at
+    /docs.
     """
     from genjob.api.app import CannotListen, UnsafeBind, serve
 

@@ -183,13 +183,13 @@ def test_multipart_without_the_file_part(client: TestClient) -> None:
             {"model": "gpt-9"},
             "model",
             "unknown model 'gpt-9': models are named from the allow-list, "
-            "one of: tiny, tiny-chat, tiny-plain",
+            "one of: tiny, tiny-chat, tiny-plain, smollm2",
         ),
         (
             {"model": "tiny", "assistant": "gpt-9"},
             "assistant",
             "unknown assistant model 'gpt-9': models are named from the allow-list, "
-            "one of: tiny, tiny-chat, tiny-plain",
+            "one of: tiny, tiny-chat, tiny-plain, smollm2",
         ),
         (
             {"model": "tiny", "draft_tokens": 0},

@@ -35,7 +35,9 @@ def test_paths_only_where_allowed(tmp_path: Path) -> None:
     assert resolve_model(SETTINGS, str(tmp_path), allow_paths=True).target == str(tmp_path)
     with pytest.raises(JobOptionsError, match=r"unknown model '/some/path': .* one of: demo, small, other"):
         resolve_model(SETTINGS, "/some/path", allow_paths=False)
-    with pytest.raises(JobOptionsError, match=r"none are configured \(GENJOB_MODELS\)"):
+    with pytest.raises(
+        JobOptionsError, match=r"^unknown model 'x': models are named from the allow-list, one of: smollm2$"
+    ):
         resolve_model(Settings(), "x", allow_paths=False)
 
 
@@ -128,11 +130,16 @@ def test_a_hub_id_is_taken_only_from_the_local_cache(hub_cache: Path) -> None:
     assert resolve_model(SETTINGS, "org/cached", allow_paths=True).target == "org/cached"
     with pytest.raises(JobOptionsError) as info:
         resolve_model(SETTINGS, "org/elsewhere", allow_paths=True)
-    assert str(info.value) == f"unknown model 'org/elsewhere' (catalog: demo, small, other): {NOT_THERE}"
+    assert (
+        str(info.value)
+        == f"unknown model 'org/elsewhere' (catalog: demo, small, other, smollm2): {NOT_THERE}"
+    )
     assert info.value.field == "model"
-    with pytest.raises(JobOptionsError, match=r"^unknown model 'x' \(catalog: empty, see GENJOB_MODELS\): "):
+    with pytest.raises(JobOptionsError, match=r"^unknown model 'x' \(catalog: smollm2\): "):
         resolve_model(Settings(), "x", allow_paths=True)
-    with pytest.raises(JobOptionsError, match=r"^unknown model 'org/cached': .* one of: demo, small, other$"):
+    with pytest.raises(
+        JobOptionsError, match=r"^unknown model 'org/cached': .* one of: demo, small, other, smollm2$"
+    ):
         resolve_model(SETTINGS, "org/cached", allow_paths=False)  # the API: the allow-list only
 
 
@@ -179,11 +186,12 @@ def typo_env(embedded_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_the_cli_refuses_a_name_that_is_not_a_model_at_once(typo_env: None) -> None:
     assert submit_quickly("-m", "demoo") == (
         1,
-        f"Error: invalid job options: unknown model 'demoo' (catalog: tiny): {NOT_THERE}\n",
+        f"Error: invalid job options: unknown model 'demoo' (catalog: tiny, smollm2): {NOT_THERE}\n",
     )
     assert submit_quickly("-m", "tiny", "-a", "drafty") == (
         1,
-        f"Error: invalid job options: unknown assistant model 'drafty' (catalog: tiny): {NOT_THERE}\n",
+        "Error: invalid job options: unknown assistant model 'drafty' (catalog: tiny, smollm2): "
+        f"{NOT_THERE}\n",
     )
 
 

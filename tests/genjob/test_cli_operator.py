@@ -248,7 +248,7 @@ def test_a_misspelt_model_name_suggests_the_listed_one(env: str, tmp_path: Path,
     result = invoke("submit", "p.jsonl", "-m", "demoo")
     assert (result.exit_code, result.output) == (
         1,
-        "Error: invalid job options: unknown model 'demoo': did you mean 'demo'? (GENJOB_MODELS lists: demo; "
+        "Error: invalid job options: unknown model 'demoo': did you mean 'demo'? (catalog: demo, smollm2; "
         "or give a path or hub id that exists)\n",
     )
 

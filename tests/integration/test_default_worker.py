@@ -153,3 +153,79 @@ def test_the_openai_sdk_flow_on_a_fresh_default_worker(pg_url: str, queue_name: 
         lines = [json.loads(line) for line in sdk.files.content(ended.output_file_id).text.splitlines()]
         assert sorted(line["custom_id"] for line in lines) == [f"r{i}" for i in range(6)]
         assert all(line["response"]["status_code"] == 200 for line in lines)
+
+
+def _first_lines(path: Path, count: int, max_tokens: int) -> bytes:
+    """The first ``count`` OpenAI lines of an example job, each asking for ``max_tokens`` at most."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()[:count]]
+    for line in lines:
+        line["body"]["max_tokens"] = max_tokens
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def test_the_real_model_through_submit_and_the_openai_sdk(
+    pg_url: str, queue_name: str, tmp_path: Path, smollm2_checkpoint: str
+) -> None:
+    """The built-in smollm2 (a GGUF in its package, converted once into the default model cache) on a
+    fresh default worker: `genjob submit --input-format openai -m smollm2`, and the SDK's Batches flow
+    with `"model": "smollm2"`; chat lines rendered by its template, ending at its `<|im_end|>`."""
+    env = default_env(pg_url, queue_name)
+    env.update(GENJOB_API_KEYS="k", GENJOB_COST_CACHE_DIR=str(tmp_path / "costs"))
+    jobs = tmp_path / "rewrite.jsonl"
+    jobs.write_bytes(_first_lines(ROOT / "examples" / "rewrite.jsonl", 3, 48))
+    port = free_port()
+    with (
+        running([GENJOB, "worker", "-Q", queue_name], env, tmp_path / "worker.log"),
+        running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"),
+    ):
+        submitted = subprocess.run(
+            [
+                GENJOB,
+                "submit",
+                str(jobs),
+                "--input-format",
+                "openai",
+                "-m",
+                "smollm2",
+                "--mode",
+                "prompt-lookup",
+                "--wait",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert submitted.returncode == 0, submitted.stderr + (tmp_path / "worker.log").read_text()
+        assert "completed: 3 done, 0 failed of 3" in submitted.stderr
+        results = subprocess.run(
+            [GENJOB, "results", submitted.stdout.strip()], env=env, capture_output=True, text=True, check=True
+        )
+        rows = [json.loads(line) for line in results.stdout.splitlines()]
+        assert [row["status"] for row in rows] == ["done"] * 3
+        assert all("def " in row["output"] and "<|im_end|>" not in row["output"] for row in rows), rows
+
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, what="API")
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k")
+        body = _first_lines(ROOT / "examples" / "classify.jsonl", 4, 8)
+        uploaded = sdk.files.create(file=("classify.jsonl", body), purpose="batch")
+        batch = sdk.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        ended = wait_for(
+            lambda: (b := sdk.batches.retrieve(batch.id)).status in ("completed", "failed", "expired") and b,
+            timeout=300,
+            what="the batch",
+        )
+        log = (tmp_path / "worker.log").read_text()
+        assert ended.status == "completed", log
+        assert ended.request_counts is not None and ended.request_counts.completed == 4, log
+        assert ended.output_file_id is not None
+        lines = [json.loads(line) for line in sdk.files.content(ended.output_file_id).text.splitlines()]
+        responses = [line["response"] for line in lines]
+        assert all(response["status_code"] == 200 for response in responses), lines
+        choices = [response["body"]["choices"][0] for response in responses]
+        assert all(choice["message"]["role"] == "assistant" for choice in choices), lines
+        assert all(choice["message"]["content"].strip() for choice in choices), lines
+        assert {response["body"]["model"] for response in responses} == {"smollm2"}
