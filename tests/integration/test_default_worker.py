@@ -66,6 +66,22 @@ def default_env(pg_url: str, queue: str) -> dict[str, str]:
     return env
 
 
+def completed_batch(sdk: openai.OpenAI, body: bytes, endpoint: str, count: int, log: Path) -> list[dict]:
+    """files.create → batches.create on ``endpoint`` → completed with ``count`` requests done: the
+    output file's lines (the worker's ``log`` in any failed assertion)."""
+    uploaded = sdk.files.create(file=("requests.jsonl", body), purpose="batch")
+    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h")
+    ended = wait_for(
+        lambda: (b := sdk.batches.retrieve(batch.id)).status in ("completed", "failed", "expired") and b,
+        timeout=300,
+        what="the batch",
+    )
+    assert ended.status == "completed", log.read_text()
+    assert ended.request_counts is not None and ended.request_counts.completed == count, log.read_text()
+    assert ended.output_file_id is not None
+    return [json.loads(line) for line in sdk.files.content(ended.output_file_id).text.splitlines()]
+
+
 def test_the_main_process_runs_no_torch_op_before_the_pool_forks(
     pg_url: str, queue_name: str, tmp_path: Path
 ) -> None:
@@ -137,20 +153,7 @@ def test_the_openai_sdk_flow_on_a_fresh_default_worker(pg_url: str, queue_name: 
             for i in range(6)
         ]
         body = "".join(json.dumps(line) + "\n" for line in requests).encode()
-        uploaded = sdk.files.create(file=("requests.jsonl", body), purpose="batch")
-        batch = sdk.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
-        )
-        ended = wait_for(
-            lambda: (b := sdk.batches.retrieve(batch.id)).status in ("completed", "failed", "expired") and b,
-            timeout=300,
-            what="the batch",
-        )
-        log = (tmp_path / "worker.log").read_text()
-        assert ended.status == "completed", log
-        assert ended.request_counts is not None and ended.request_counts.completed == 6, log
-        assert ended.output_file_id is not None
-        lines = [json.loads(line) for line in sdk.files.content(ended.output_file_id).text.splitlines()]
+        lines = completed_batch(sdk, body, "/v1/completions", 6, tmp_path / "worker.log")
         assert sorted(line["custom_id"] for line in lines) == [f"r{i}" for i in range(6)]
         assert all(line["response"]["status_code"] == 200 for line in lines)
 
@@ -209,20 +212,7 @@ def test_the_real_model_through_submit_and_the_openai_sdk(
         wait_for(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, what="API")
         sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k")
         body = _first_lines(ROOT / "examples" / "classify.jsonl", 4, 8)
-        uploaded = sdk.files.create(file=("classify.jsonl", body), purpose="batch")
-        batch = sdk.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        ended = wait_for(
-            lambda: (b := sdk.batches.retrieve(batch.id)).status in ("completed", "failed", "expired") and b,
-            timeout=300,
-            what="the batch",
-        )
-        log = (tmp_path / "worker.log").read_text()
-        assert ended.status == "completed", log
-        assert ended.request_counts is not None and ended.request_counts.completed == 4, log
-        assert ended.output_file_id is not None
-        lines = [json.loads(line) for line in sdk.files.content(ended.output_file_id).text.splitlines()]
+        lines = completed_batch(sdk, body, "/v1/chat/completions", 4, tmp_path / "worker.log")
         responses = [line["response"] for line in lines]
         assert all(response["status_code"] == 200 for response in responses), lines
         choices = [response["body"]["choices"][0] for response in responses]
