@@ -131,22 +131,25 @@ def hf_plain(tally: Tally, target, group, *, new: int, pad: int) -> None:
     tally.tokens += int((out[:, width:] != pad).sum())
 
 
-def hf_assisted(tally: Tally, target, draft, group, *, new: int, pad: int) -> None:
-    """transformers' assisted generate, one prompt at a time (it refuses batches)."""
-    for _, ids in group:
+def hf_generate(tally: Tally, target, group, *, new: int, pad: int, **options) -> None:
+    """transformers' greedy generate with ``options`` (an assistant model, prompt lookup), one prompt
+    at a time (assisted generation refuses batches); time, tokens and outputs into ``tally``."""
+    for key, ids in group:
         x = torch.tensor([ids])
         started = CLOCK()
         with torch.inference_mode():
             out = target.generate(
                 x,
                 attention_mask=torch.ones_like(x),
-                assistant_model=draft,
                 max_new_tokens=new,
                 do_sample=False,
                 pad_token_id=pad,
+                **options,
             )
         tally.seconds += CLOCK() - started
-        tally.tokens += out.shape[1] - len(ids)
+        tokens = out[0, len(ids) :].tolist()
+        tally.tokens += len(tokens)
+        tally.outputs[key] = tokens
 
 
 def limit(costs: CostModel, alpha: float | None, batch: int, k_max: int = 8) -> float | None:
@@ -280,7 +283,9 @@ def main() -> None:
             for i in range(0, len(group), batch):  # transformers' generate: B rows at a time, no refill
                 hf_plain(runs["hf plain generate"], target, group[i : i + batch], new=args.new, pad=pad)
             if batch == 1:
-                hf_assisted(runs["hf assisted generate"], target, draft, group, new=args.new, pad=pad)
+                hf_generate(
+                    runs["hf assisted generate"], target, group, new=args.new, pad=pad, assistant_model=draft
+                )
         for mode, engine in engines.items():
             absorb(runs[mode], engine)
         greedy_plain, sampled_plain = runs["plain"], runs[f"plain {sampled}"]

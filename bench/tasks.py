@@ -62,28 +62,6 @@ def chat_prompts(tokenizer, task: str, n: int, room: int) -> list[list[int]]:
     return prompts
 
 
-def hf_lookup(tally: engine_bench.Tally, target, group, *, new: int, pad: int, eos) -> None:
-    """transformers' prompt lookup generate, one prompt at a time (it refuses batches)."""
-    for key, ids in group:
-        x = torch.tensor([ids])
-        started = engine_bench.CLOCK()
-        with torch.inference_mode():
-            out = target.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=new,
-                do_sample=False,
-                prompt_lookup_num_tokens=LOOKUP_TOKENS,
-                max_matching_ngram_size=3,
-                eos_token_id=sorted(eos),
-                pad_token_id=pad,
-            )
-        tally.seconds += engine_bench.CLOCK() - started
-        tokens = out[0, len(ids) :].tolist()
-        tally.tokens += len(tokens)
-        tally.outputs[key] = tokens
-
-
 def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -> None:
     new = args.new or task_prompts.MAX_TOKENS[task]
     prompts = chat_prompts(tokenizer, task, args.n, new)
@@ -112,7 +90,16 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
             for mode, engine in engines.items():
                 engine_bench.ours(runs[mode], engine, group, new=new, temperature=0, eos=eos)
             if batch == 1:
-                hf_lookup(runs["hf prompt lookup"], target, group, new=new, pad=pad, eos=eos)
+                engine_bench.hf_generate(
+                    runs["hf prompt lookup"],
+                    target,
+                    group,
+                    new=new,
+                    pad=pad,
+                    prompt_lookup_num_tokens=LOOKUP_TOKENS,
+                    max_matching_ngram_size=3,
+                    eos_token_id=sorted(eos),
+                )
         for mode, engine in engines.items():
             engine_bench.absorb(runs[mode], engine)
         plain = runs["plain"]
