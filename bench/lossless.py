@@ -94,10 +94,7 @@ def main() -> None:
         per_task = -(-args.n // len(task_prompts.TASKS))
         for task in task_prompts.TASKS:
             for line in task_prompts.chat_lines(task, task_prompts.HELDOUT_PACKAGES, per_task):
-                ids = tokenizer.apply_chat_template(
-                    line["body"]["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                ids = task_prompts.chat_ids(tokenizer, line["body"]["messages"])
                 prompts.append((ids, min(args.new, context - len(ids))))
         prompts = prompts[: args.n]
     else:

@@ -379,3 +379,12 @@ def chat_lines(
             }
         )
     return lines
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """``messages`` as the model's token ids: its chat template with the generation prompt (what a
+    worker decodes from a chat line)."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -53,10 +53,7 @@ def chat_prompts(tokenizer, task: str, n: int, room: int) -> list[list[int]]:
     lines = task_prompts.chat_lines(task, task_prompts.HELDOUT_PACKAGES, n)
     prompts = []
     for line in lines:
-        ids = tokenizer.apply_chat_template(
-            line["body"]["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        ids = task_prompts.chat_ids(tokenizer, line["body"]["messages"])
         if len(ids) + room <= 8192:
             prompts.append(ids)
     return prompts
