@@ -25,23 +25,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from genjob import store
+from genjob.batch_files import error_name, needed_files, output_name, running_items
 from genjob.catalog import JobOptionsError, job_spec, parse_job_options
-from genjob.constants import TERMINAL_JOB_STATUSES, InputFormat, ItemStatus, JobStatus, OpenAIEndpoint
+from genjob.constants import TERMINAL_JOB_STATUSES, InputFormat, JobStatus, OpenAIEndpoint
 from genjob.db import session_scope
 from genjob.durations import parse_duration
 from genjob.formats.lines import InputFileError, LineError
-from genjob.formats.openai_output import batch_output_lines
 from genjob.formats.reader import first_line_model
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.store import idempotency as keys
 from genjob.submit import Submitter, input_limits, store_job_stream
-from genjob.tables import Batch, Item, Job, Result, utcnow
+from genjob.tables import Batch, Job, Result, utcnow
 
 SCOPE = "batches"
 INPUT_PURPOSE = "batch"
-OUTPUT_PURPOSE = "batch_output"
 OPENAI_TEMPERATURE = 1.0  # an OpenAI request without temperature samples at 1.0 (genjob jobs: greedy)
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=1), timedelta(days=7)
 RETRY_WINDOW = timedelta(minutes=10)  # a retried create without a key returns a same batch this recent
@@ -272,19 +271,14 @@ def list_batches(
     return rows[:limit], len(rows) > limit
 
 
-def _running_items(session: Session, job_id: str) -> int:
-    query = (
-        select(func.count()).select_from(Item).where(Item.job_id == job_id, Item.status == ItemStatus.RUNNING)
-    )
-    return int(session.scalar(query) or 0)
-
-
-def _status(batch: Batch, job: Job | None, running: int) -> str:
+def _status(job: Job | None, unsettled: bool) -> str:
+    """``unsettled``: an ended job still has requests running, or its files are not yet written (a
+    client that sees a final status finds its output_file_id / error_file_id set)."""
     if job is None:
         return "failed"
     if job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
         return "in_progress"
-    if running:
+    if unsettled:
         return "cancelling" if job.status == JobStatus.CANCELLED else "finalizing"
     if job.status == JobStatus.FAILED:
         return "failed" if job.error else "completed"  # a job-wide failure, or every request failed
@@ -298,15 +292,17 @@ def _stamp(moment: datetime | None) -> int | None:
 def batch_object(session: Session, batch: Batch) -> dict[str, Any]:
     """The batch as OpenAI's Batch object (``genjob.job_id`` added: ``genjob status`` takes it)."""
     job = session.get(Job, batch.job_id, populate_existing=True) if batch.job_id else None
-    running = (
-        _running_items(session, job.id) if job is not None and job.status in TERMINAL_JOB_STATUSES else 0
+    outputs = file_store.job_files(session, job_id=job.id) if job is not None else {}
+    unsettled = (
+        job is not None
+        and job.status in TERMINAL_JOB_STATUSES
+        and bool(running_items(session, job.id) or any(n not in outputs for n, _ in needed_files(batch, job)))
     )
-    status = _status(batch, job, running)
+    status = _status(job, unsettled)
     errors = batch.errors
     if job is not None and status == "failed":
         errors = [_error("job_failed", job.error or "every request failed", None, None)]
     ended = job.finished_at if job is not None else None
-    outputs = file_store.job_files(session, job_id=job.id) if job is not None else {}
     output, error = outputs.get(output_name(batch)), outputs.get(error_name(batch))
     prompt_tokens = 0
     if job is not None:
@@ -348,45 +344,6 @@ def batch_object(session: Session, batch: Batch) -> dict[str, Any]:
         },
         "genjob": {"job_id": job.id if job is not None else None},
     }
-
-
-# --- outputs -----------------------------------------------------------------------------------------------
-def output_name(batch: Batch) -> str:
-    return f"{batch.id}_output.jsonl"
-
-
-def error_name(batch: Batch) -> str:
-    return f"{batch.id}_error.jsonl"
-
-
-def write_outputs(settings: Settings, *, batch_id: str) -> None:
-    """Write a batch's output and error files once its job has ended and nothing runs (idempotent; a
-    concurrent writer's files win)."""
-    try:
-        with session_scope(settings.database_url) as session:
-            batch = session.get(Batch, batch_id)
-            job = session.get(Job, batch.job_id) if batch is not None and batch.job_id else None
-            if batch is None or job is None or job.status not in TERMINAL_JOB_STATUSES:
-                return
-            if _running_items(session, job.id):
-                return
-            present = file_store.job_files(session, job_id=job.id)
-            wanted = [
-                (output_name(batch), job.done > 0, True),
-                (error_name(batch), job.done < job.total, False),
-            ]
-            for name, needed, done in wanted:
-                if needed and name not in present:
-                    file_store.put_file(
-                        session,
-                        owner=batch.owner,
-                        purpose=OUTPUT_PURPOSE,
-                        filename=name,
-                        chunks=batch_output_lines(session, job, done=done),
-                        job_id=job.id,
-                    )
-    except IntegrityError:
-        return  # another request wrote them first
 
 
 def cancel_batch(session: Session, *, batch: Batch) -> bool:

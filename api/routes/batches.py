@@ -14,6 +14,7 @@ from fastapi import APIRouter, BackgroundTasks, Header, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from genjob import batch_files
 from genjob import batches as service
 from genjob.api.deps import CallerDep, SessionDep, SettingsDep
 from genjob.api.errors import ApiError, ErrorDetail, error_responses
@@ -57,7 +58,7 @@ def _read(settings: Settings, batch_id: str, owner: str | None) -> dict[str, Any
     """The batch object, its output files written first if its job has just ended."""
     with session_scope(settings.database_url) as session:
         service.get_batch(session, batch_id=batch_id, owner=owner)
-    service.write_outputs(settings, batch_id=batch_id)
+    batch_files.write_outputs(settings, batch_id=batch_id)
     with session_scope(settings.database_url) as session:
         return service.batch_object(session, service.get_batch(session, batch_id=batch_id, owner=owner))
 
@@ -145,6 +146,10 @@ def list_batches(
     except service.BatchNotFound as exc:
         raise _not_found(exc) from exc
     data = [service.batch_object(session, batch) for batch in rows]
+    for number, batch in enumerate(rows):  # a job that has just ended: its files first, as _read does
+        if data[number]["status"] in ("finalizing", "cancelling"):
+            batch_files.write_outputs(settings, batch_id=batch.id)
+            data[number] = service.batch_object(session, batch)
     return BatchList(
         data=data,
         first_id=data[0]["id"] if data else None,

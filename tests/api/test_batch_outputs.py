@@ -9,7 +9,7 @@ import pytest
 from api_helpers import jsonl, with_settings
 from sqlalchemy import update
 
-from genjob import batches, store
+from genjob import batch_files, batches, store
 from genjob.constants import OpenAIEndpoint
 from genjob.db import session_scope
 from genjob.generation.prompt_tokenizer import PromptTokenizer
@@ -99,7 +99,7 @@ def test_output_and_error_files_are_written_once_in_input_order(big_settings: Se
     ]
     finish(api_settings, job_id, done_below=ITEMS - 10)
     for _ in range(2):  # idempotent: the second call finds the files
-        batches.write_outputs(api_settings, batch_id=batch_id)
+        batch_files.write_outputs(api_settings, batch_id=batch_id)
     with session_scope(api_settings.database_url) as session:
         ended = batches.batch_object(session, batches.get_batch(session, batch_id=batch_id, owner=None))
         assert len(file_store.job_files(session, job_id=job_id)) == 2
@@ -121,7 +121,7 @@ def test_status_follows_the_job(big_settings: Settings) -> None:
     batch_id, job_id = make_batch(api_settings, owner="key-status")
 
     def status() -> str:
-        batches.write_outputs(api_settings, batch_id=batch_id)
+        batch_files.write_outputs(api_settings, batch_id=batch_id)
         with session_scope(api_settings.database_url) as session:
             return batches.batch_object(session, batches.get_batch(session, batch_id=batch_id, owner=None))[
                 "status"
