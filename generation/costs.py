@@ -2,7 +2,8 @@
 
 ``CostModel`` holds seconds of forwards measured on this device (``generation.cost_timing``): the
 target's forward of q new tokens per row at a few batch sizes B and query lengths q, and the draft's
-one-token step; between them it interpolates linearly. A grid need not be complete: a worker starts
+one-token step; between them it interpolates linearly (a plain step across every batch row measured,
+its growth with q across the rows measured that far). A grid need not be complete: a worker starts
 from a cheap prior (a few forwards at the batch size in use and at B = 1) and each measurement is
 merged into what earlier processes kept (``merged``: a weighted mean per batch row, so a noisy one
 counts less but is not thrown away). Live rounds keep it honest: a round also costs what the grid's
@@ -49,6 +50,15 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
     return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
 
 
+def _clamped(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys), held at the end values past the ends (xs ascending)."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    return _interpolate(xs, ys, x)
+
+
 @dataclass
 class CostModel:
     """Seconds of forwards measured on this device: ``verify[B][q]`` for the target, ``draft[B]`` for a
@@ -86,8 +96,22 @@ class CostModel:
         return bool(below and above) and (batch in rows or min(above) <= 2 * max(below))
 
     def verify_seconds(self, batch: int, q: int) -> float:
-        by_batch = [_interpolate(self.query_lengths, self.verify[b], q) for b in self.batch_sizes]
-        return _interpolate(self.batch_sizes, by_batch, batch)
+        """A forward of q tokens per row at ``batch`` rows: the plain step at ``batch`` (from every batch
+        row), times how much dearer q tokens are than one there (from the rows measured up to q).
+
+        A row measured only at q = 1 (the batch-size probe, ``_suggested`` in the worker) knows nothing
+        of q > 1: extrapolated, it made q tokens cost q plain steps, and a grid of such rows around a
+        job's batch size made every draft look dear (a demo job ran k = 0 in every round)."""
+        plain = _interpolate(self.batch_sizes, [self._row_at(b, 1) for b in self.batch_sizes], batch)
+        if q <= 1:
+            return plain
+        reach = max(self.row_query.values())
+        covering = [b for b in self.batch_sizes if self.row_query[b] >= min(q, reach)]
+        growth = [self._row_at(b, q) / self._row_at(b, 1) for b in covering]
+        return plain * _clamped(covering, growth, batch)
+
+    def _row_at(self, batch: int, q: int) -> float:
+        return _interpolate(self.query_lengths, self.verify[batch], q)
 
     def draft_seconds(self, batch: int) -> float:
         return _interpolate(self.batch_sizes, [self.draft[b] for b in self.batch_sizes], batch)
@@ -184,21 +208,30 @@ class CostModel:
     def merged(self, new: CostModel, *, weight: float) -> CostModel:
         """This (kept) model with ``new``'s batch rows merged in, each new row counting ``weight``: a
         weighted mean where both have a row (on the union of their query lengths, each row
-        interpolated on its own), ``new``'s scale and measuring time; nothing of ``self`` changes."""
+        interpolated on its own and counted only up to the q it measured), ``new``'s scale and
+        measuring time; nothing of ``self`` changes."""
         queries = sorted(set(self.query_lengths) | set(new.query_lengths))
         batches = sorted(set(self.batch_sizes) | set(new.batch_sizes))
 
         def row(model: CostModel, b: int) -> list[float]:
             return [_interpolate(model.query_lengths, model.verify[b], q) for q in queries]
 
-        verify, draft, row_weight, row_query = {}, {}, {}, {}
+        verify: dict[int, list[float]] = {}
+        draft, row_weight, row_query = {}, {}, {}
         for b in batches:
             old_w = self.row_weight[b] if b in self.verify else 0.0
             new_w = weight if b in new.verify else 0.0
             olds = row(self, b) if old_w else [0.0] * len(queries)
             news = row(new, b) if new_w else [0.0] * len(queries)
             total = old_w + new_w
-            verify[b] = [(old_w * o + new_w * n) / total for o, n in zip(olds, news, strict=True)]
+            old_reach, new_reach = self.row_query.get(b, 0), new.row_query.get(b, 0)
+            verify[b] = []
+            for q, o, n in zip(queries, olds, news, strict=True):
+                # A row counts only up to the q it measured (beyond, its values are extrapolated),
+                # unless neither reaches q.
+                ow, nw = (old_w if q <= old_reach else 0.0), (new_w if q <= new_reach else 0.0)
+                ow, nw = (ow, nw) if ow + nw else (old_w, new_w)
+                verify[b].append((ow * o + nw * n) / (ow + nw))
             old_draft = self.draft.get(b, 0.0) if old_w else 0.0
             draft[b] = (old_w * old_draft + new_w * (new.draft.get(b, 0.0) if new_w else 0.0)) / total
             row_weight[b] = min(total, ROW_WEIGHT_CAP)

@@ -38,7 +38,10 @@ from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
 
-EXPLORE_EVERY = 16  # while k = 0 pays best, every 16th round still tries k = 1 to keep estimates fresh
+# While k = 0 pays best, every 16th such round still tries k = 1 to keep the estimates fresh. Counted
+# apart from the probe rounds: counting every round, a probe every 4th, 8th or 16th round (a
+# baseline fraction of 1/4, 1/8, 1/16) fell on each 16th round and no round ever explored.
+EXPLORE_EVERY = 16
 
 
 class Engine:
@@ -82,6 +85,7 @@ class Engine:
         self.stats = EngineStats()
         self.k = 0 if self.fixed_k is None else self.fixed_k
         self._round = 0
+        self._plain_streak = 0  # rounds in a row that chose k = 0 (probe rounds aside)
 
     # --- the caller's side ---------------------------------------------------------------------------
     @property
@@ -225,7 +229,9 @@ class Engine:
         assert self.costs is not None  # an engine with a proposer has them
         estimates = acceptance_estimates(self.rows, self.stats)
         self.k = choose_draft_length(self.costs, estimates, room, k_max=self.k_max, current=self.k)
-        if self.k == 0 and self._round % EXPLORE_EVERY == 0:
+        self._plain_streak = self._plain_streak + 1 if self.k == 0 else 0
+        if self._plain_streak >= EXPLORE_EVERY:  # counted apart from probe rounds, which never explore
+            self._plain_streak = 0
             return 1, False
         return self.k, False
 
