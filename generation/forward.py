@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from genjob.generation.attention import PACKED_SDPA
 from genjob.generation.slot_cache import SlotCache
 
 _CACHE_KWARG: dict[type, str] = {}
@@ -76,7 +77,7 @@ def cache_shapes(model: PreTrainedModel) -> list[tuple[int, int]]:
 def _attention_mask(model: PreTrainedModel, allowed: torch.Tensor) -> torch.Tensor:
     """The boolean (rows, 1, q, width) mask as this model's attention wants it."""
     implementation = model.config._attn_implementation
-    if implementation == "sdpa":
+    if implementation in ("sdpa", PACKED_SDPA):
         return allowed
     if implementation == "eager":  # additive
         zero = torch.zeros((), dtype=model.dtype, device=allowed.device)

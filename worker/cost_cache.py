@@ -41,7 +41,7 @@ from genjob.generation.costs import CostModel
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 7 * 24 * 3600
-FORMAT = 2  # bump when what the file holds changes meaning
+FORMAT = 3  # bump when what the file holds changes meaning (3: CPU weights laid out by lay_out_for_cpu)
 PRIOR_WEIGHT = 1.0  # a quick prior's rows
 CALIBRATED_WEIGHT = 3.0  # a steady thorough grid's rows (``genjob calibrate``); a busy one counts 1
 
