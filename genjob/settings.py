@@ -209,6 +209,19 @@ class Settings(BaseSettings):
             return tuple(key.strip() for key in keys if key.strip())
         return value
 
+    @field_validator("broker_url")
+    @classmethod
+    def _known_transport(cls, value: str | None) -> str | None:
+        """A broker URL kombu can connect to (checked at start: else a traceback at the first publish)."""
+        if not value:
+            return value
+        from kombu.transport import TRANSPORT_ALIASES  # here: only where a broker is set
+
+        scheme = value.partition("://")[0].partition("+")[0]
+        if "://" not in value or scheme not in TRANSPORT_ALIASES:
+            raise ValueError(f"unknown transport {scheme!r} (redis://HOST:6379/0)")
+        return value
+
     @field_validator("models", mode="before")
     @classmethod
     def _models_from_mapping(cls, value: Any) -> Any:

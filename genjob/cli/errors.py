@@ -1,10 +1,11 @@
 """User errors as one line, never a traceback: the ``genjob`` group turns what users cause into messages.
 
 A bad ``GENJOB_*`` value names the variable and what it should be; a database that cannot be reached
-names the URL (without its password) and the variable to check; a file that cannot be written names
-it and why; Ctrl-C stops with exit 130. Every message reaches the terminal with its control
-characters escaped (``printable``), so an id or a file name carrying escape sequences cannot drive
-the terminal. Bugs still raise: only these classes of error are caught.
+names the URL (without its password) and the variable to check; a broker URL kombu has no transport
+for names the variable; any error from the OS (a file that cannot be read or written, a full or
+read-only disk, a refused connection) names the file, if any, and why; Ctrl-C stops with exit 130.
+Every message reaches the terminal with its control characters escaped (``printable``), so an id
+or a file name carrying escape sequences cannot drive the terminal. Bugs still raise: only these classes of error are caught.
 Must not know: the workers, the HTTP API.
 """
 
@@ -79,7 +80,7 @@ class GenjobGroup(click.Group):
             raise click.ClickException(printable(settings_message(exc))) from exc
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.ArgumentError) as exc:
             raise click.ClickException(printable(database_message(exc, _database_url()))) from exc
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        except OSError as exc:  # a missing file, no permission, a full or read-only disk, a refused link
             raise click.ClickException(printable(os_error_message(exc))) from exc
 
 

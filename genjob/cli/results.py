@@ -2,18 +2,16 @@
 
 Bytes are exact by default; ``--csv-safe`` defuses formula-leading cells for spreadsheets. On a
 terminal, control characters are shown escaped (an output or id carrying escape sequences cannot
-drive it); to a pipe or a file they pass unchanged. ``-o`` writes beside the target and renames it
-into place once complete, with the permissions the user's umask gives a new file.
+drive it); to a pipe or a file they pass unchanged. ``-o`` writes a file beside it and renames it
+into place once complete, and streams into a FIFO or a device (``genjob.cli.output_file``); ``-o -``
+is stdout.
 Must not know: the workers, the HTTP API.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
@@ -21,6 +19,7 @@ import click
 
 from genjob.cli.context import job_reference, load_job, settings_and_schema
 from genjob.cli.errors import printable
+from genjob.cli.output_file import output_file
 from genjob.constants import ItemStatus
 from genjob.db import session_scope
 from genjob.formats.export import ResultFormat, export_job, iter_result_records
@@ -31,44 +30,16 @@ def _on_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def _umask() -> int:
-    current = os.umask(0o022)
-    os.umask(current)
-    return current
-
-
-@contextmanager
-def atomic_output(output: Path, *, binary: bool) -> Iterator[IO]:
-    """A file that appears at ``output`` only once complete, with the umask's permissions."""
-    directory = output.parent
-    if not directory.is_dir():
-        raise click.ClickException(f"cannot write {output}: directory {str(directory)!r} does not exist")
-    if output.is_dir():
-        raise click.ClickException(f"cannot write {output}: it is a directory")
-    try:
-        handle, temp = tempfile.mkstemp(dir=directory, prefix=f".{output.name}.", suffix=".tmp")
-    except PermissionError as exc:
-        raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
-    try:
-        os.fchmod(handle, 0o666 & ~_umask())
-        stream: IO = (
-            os.fdopen(handle, "wb") if binary else os.fdopen(handle, "w", encoding="utf-8", newline="")
-        )
-        with stream:
-            yield stream
-        os.replace(temp, output)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 @click.command()
 @job_reference
 @click.option(
     "--format", "fmt", type=click.Choice([f.value for f in ResultFormat]), default="jsonl", show_default=True
 )
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout."
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    help="Write here instead of stdout (a file, a FIFO, a device; - is stdout).",
 )
 @click.option(
     "--status",
@@ -83,10 +54,14 @@ def results(job_id: str, fmt: str, output: Path | None, status: str | None, csv_
 
     --format openai writes OpenAI batch output lines ({"custom_id", "response":
     {"body": ...}, "error"}); parquet a Parquet file (needs -o or a pipe). With
-    -o the file appears only once complete (written aside, then renamed).
+    -o a file appears only once complete (written aside, then renamed; a
+    symlink's target is written, the link kept); a FIFO or a device is
+    written straight into.
     """
     settings = settings_and_schema()
     job = load_job(settings, job_id)
+    if output == Path("-"):
+        output = None
     written = 0
     with session_scope(settings.database_url) as session:
         if fmt == ResultFormat.PARQUET:
@@ -96,7 +71,7 @@ def results(job_id: str, fmt: str, output: Path | None, status: str | None, csv_
                     raise click.ClickException("Parquet is binary: write it to a file (-o FILE) or a pipe")
                 written = _parquet(records, sys.stdout.buffer)
                 return
-            with atomic_output(output, binary=True) as stream:
+            with output_file(output, binary=True) as stream:
                 written = _parquet(records, stream)
         else:
             chunks = export_job(session, job=job, fmt=ResultFormat(fmt), status=status, csv_safe=csv_safe)
@@ -107,7 +82,7 @@ def results(job_id: str, fmt: str, output: Path | None, status: str | None, csv_
                     stdout.write(printable(chunk) if terminal else chunk)
                 stdout.flush()
                 return
-            with atomic_output(output, binary=False) as stream:
+            with output_file(output, binary=False) as stream:
                 for chunk in chunks:
                     stream.write(chunk)
                     written += 1

@@ -16,6 +16,7 @@ import os
 import select
 import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,7 +97,13 @@ def _spooled(read: Callable[[int], bytes], source: str, limits: InputLimits) -> 
             size += len(chunk)
             if size > limits.max_file_bytes:
                 raise _refuse(source, file_too_large_message(None, limits.max_file_bytes))
-            spool.write(chunk)
+            try:
+                spool.write(chunk)  # past SPOOL_MEMORY_BYTES: into a file in the temporary directory
+            except OSError as exc:
+                raise _refuse(
+                    source,
+                    f"cannot spool it in {tempfile.gettempdir()}: {exc.strerror or exc} (TMPDIR sets where)",
+                ) from exc
         spool.seek(0)
         yield spool
     finally:
