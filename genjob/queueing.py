@@ -16,6 +16,7 @@ Must not know: torch, the engine, the worker's tasks, HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -24,10 +25,11 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError
 from kombu.utils.uuid import uuid
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.constants import TASK_GENERATE_CHUNK
+from genjob.constants import BROKER_MARK_KEY, TASK_GENERATE_CHUNK
 from genjob.db import run_transaction, session_scope
 from genjob.settings import Settings
 from genjob.store import leases
@@ -43,6 +45,35 @@ PRIORITY_BY_CHUNK = ((0, 0), (1, 3), (4, 6), (16, 9))
 
 class BrokerUnavailable(RuntimeError):
     """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry."""
+
+
+def broker_mark_key(database_url: str) -> str:
+    """The marker's key: one per database, so deployments sharing a Redis do not mix.
+
+    It names the database (backend, host, port, name), not the URL: the driver, the password and
+    query options (``?application_name=``, ``sslmode=``) differ between the API, the CLI and the
+    workers of one deployment, and a worker that found no marker under its own spelling would
+    think the broker had lost its queues and queue every pending item again."""
+    url = make_url(database_url)
+    identity = f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
+    return f"{BROKER_MARK_KEY}:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def broker_lost_queue(settings: Settings, queue: str) -> bool:
+    """Whether the broker (Redis) has lost what was queued on ``queue``: the workers' marker key is gone
+    (a restart without persistence, a flush: see the sweeper) or the queue holds no message at all."""
+    broker = settings.broker_url or ""
+    if not broker.startswith(("redis://", "rediss://")):
+        return False
+    import redis
+
+    client = redis.Redis.from_url(broker, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        if not client.exists(broker_mark_key(settings.database_url)):
+            return True
+        return not any(client.llen(key) for key in queue_keys(queue))
+    finally:
+        client.close()
 
 
 def chunk_priority(index: int) -> int:
@@ -158,8 +189,9 @@ def publish_pending(
     """Queue what the job is missing; returns how many messages were sent (0: nothing was missing).
 
     Items whose lease ran out (their worker died) are taken back and queued first; then the items
-    its publisher never queued (from ``jobs.queued_seq``). With ``everything``, every pending item
-    not leased to a live worker is queued again (after a retry, or a broker that lost its queues).
+    its publisher never queued (from ``jobs.queued_seq``). With ``everything``, or where the broker
+    lost what was queued (``broker_lost_queue``: flushed, restarted without persistence), every
+    pending item not leased to a live worker is queued again (also after a retry).
     Safe to repeat: workers skip items that are final or held by another.
     """
     assert settings.broker_url, "publish_pending needs a broker (embedded jobs run in-process)"
@@ -178,7 +210,7 @@ def publish_pending(
     with session_scope(settings.database_url) as session:
         job = store.get_job(session, job_id=job_id)
         queue, queued_seq, total = job.queue, job.queued_seq, job.total
-    if everything:
+    if everything or broker_lost_queue(settings, queue):
         with session_scope(settings.database_url) as session:
             leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=max_attempts)
         with session_scope(settings.database_url) as session:

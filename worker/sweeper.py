@@ -22,19 +22,17 @@ pool) and hang on them. So a sweep holds ``SWEEP_LOCK`` throughout and every for
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 from dataclasses import dataclass
 
 from celery import Celery, bootsteps
-from sqlalchemy.engine import make_url
 
 from genjob import store
 from genjob.constants import BROKER_MARK_KEY
 from genjob.db import run_transaction, session_scope
-from genjob.queueing import publish_ranges, publish_rest
+from genjob.queueing import broker_mark_key, publish_ranges, publish_rest
 from genjob.store import leases
 from genjob.tables import utcnow
 
@@ -45,18 +43,6 @@ SWEEP_LOCK = threading.Lock()
 os.register_at_fork(
     before=SWEEP_LOCK.acquire, after_in_parent=SWEEP_LOCK.release, after_in_child=SWEEP_LOCK.release
 )
-
-
-def broker_mark_key(database_url: str) -> str:
-    """The marker's key: one per database, so deployments sharing a Redis do not mix.
-
-    It names the database (backend, host, port, name), not the URL: the driver, the password and
-    query options (``?application_name=``, ``sslmode=``) differ between the API, the CLI and the
-    workers of one deployment, and a worker that found no marker under its own spelling would
-    think the broker had lost its queues and queue every pending item again."""
-    url = make_url(database_url)
-    identity = f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
-    return f"{BROKER_MARK_KEY}:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
 @dataclass

@@ -5,7 +5,8 @@ names the URL (without its password) and the variable to check; a broker URL kom
 for names the variable; any error from the OS (a file that cannot be read or written, a full or
 read-only disk, a refused connection) names the file, if any, and why; Ctrl-C stops with exit 130.
 Every message reaches the terminal with its control characters escaped (``printable``), so an id
-or a file name carrying escape sequences cannot drive the terminal. Bugs still raise: only these classes of error are caught.
+or a file name carrying escape sequences cannot drive the terminal. Bugs still raise: only these
+classes of error are caught.
 Must not know: the workers, the HTTP API.
 """
 

@@ -207,7 +207,9 @@ def requeue(job_id: str, chunk_size: int | None, everything: bool) -> None:
     """Queue what a job is missing (after the broker was down, say).
 
     That is the items its submit did not get to queue and those whose worker
-    died; nothing when nothing is missing. Safe to repeat, on a job in any
+    died, or, where the broker lost what it held (flushed, restarted without
+    persistence), every pending item no live worker holds; nothing when
+    nothing is missing. Safe to repeat, on a job in any
     state (an ended job has nothing to queue): workers skip finished items.
     """
     settings = settings_and_schema()

@@ -31,6 +31,7 @@ from worker_processes import (
     wait_for_job_end,
 )
 
+from genjob.queueing import queue_depths
 from genjob.worker.sweeper import broker_mark_key
 
 pytestmark = pytest.mark.integration
@@ -191,6 +192,31 @@ def test_redis_restart_mid_job_and_submit_during_the_outage(
     job = wait_for_job_end(pg_url, stored, timeout=90)
     assert (job.status, job.done) == ("completed", 5)
     assert_exactly_once(pg_url, stored, 5)
+
+
+def test_requeue_after_a_flushall_queues_what_the_broker_lost(
+    pg_url: str, queue_name: str, tmp_path: Path, own_redis: RedisServer, start_worker
+) -> None:
+    """A broker flushed with no worker running: nothing would ever notice (the workers' sweepers do,
+    once one runs), and `genjob requeue` used to find nothing missing. It queues the lost chunks, and
+    a worker started then completes the job exactly once."""
+    env = service_env(pg_url, queue_name, broker_url=own_redis.url)
+    broker = redis.Redis.from_url(own_redis.url)
+    broker.set(broker_mark_key(pg_url), "marked by a worker's sweeper")
+    job_id = submit(
+        env, prompts_file(tmp_path / "p.jsonl", [f"item {i}" for i in range(10)]), "--chunk-size", "4"
+    )
+    depth = lambda: queue_depths(own_redis.url, [queue_name])[queue_name]  # noqa: E731
+    assert depth() == 3
+    broker.flushall()
+    assert depth() == 0
+    requeued = run_cli(env, "requeue", job_id, "--chunk-size", "4")
+    assert (requeued.returncode, requeued.stdout) == (0, f"queued 3 chunks of job {job_id}\n")
+    assert depth() == 3
+    start_worker(f"{queue_name}-a", env)
+    job = wait_for_job_end(pg_url, job_id, timeout=120)
+    assert (job.status, job.done) == ("completed", 10)
+    assert_exactly_once(pg_url, job_id, 10)
 
 
 def test_postgres_connections_dropped_mid_job(
