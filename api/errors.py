@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ExceptionHandler
 
 from genjob.catalog import JobOptionsError
@@ -138,6 +139,11 @@ async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONRes
     return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
 
+async def _client_gone(request: Request, _exc: ClientDisconnect) -> JSONResponse:
+    log.info("client hung up during %s %s", request.method, request.url.path)
+    return error_response(400, "client_disconnected", "the client hung up before the body was complete")
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal_error", "internal server error")
@@ -147,6 +153,7 @@ def install_error_handlers(app: FastAPI) -> None:
     # Starlette types every handler as taking Exception; each of these gets only its own class.
     handlers: list[tuple[type[Exception], Callable[..., Awaitable[JSONResponse]]]] = [
         (ApiError, _api_error),
+        (ClientDisconnect, _client_gone),
         (RequestValidationError, _validation_error),
         (StarletteHTTPException, _http_error),
         (Exception, _unexpected_error),

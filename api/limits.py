@@ -4,7 +4,10 @@
 ``GENJOB_API_HEADER_TIMEOUT_S`` and serves at most ``GENJOB_API_MAX_CONNECTIONS`` connections at once
 (more wait in the listen backlog). What Granian does not bound is a request *body* that stalls: this
 ASGI middleware gives every read of the body ``GENJOB_API_BODY_TIMEOUT_S`` and answers 408 (closing
-the connection) when it runs out. Sizes are bounded while streaming (``api.uploads``).
+the connection) when it runs out. A body sent with a ``Content-Encoding`` (gzip, say) is answered 415
+naming the encoding at its first read: the API reads bodies as they are sent, and a compressed one
+would otherwise be taken for text in another encoding. Sizes are bounded while streaming
+(``api.uploads``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ class BodyReadTimeout(HTTPException):
         )
 
 
+class EncodedBody(HTTPException):
+    def __init__(self, encoding: str) -> None:
+        super().__init__(
+            415, f"Content-Encoding {encoding[:40]!r} is not accepted: send the body uncompressed"
+        )
+
+
 class BodyTimeoutMiddleware:
     """Each ``receive()`` of an HTTP request body must deliver within ``seconds``; once the body is
     complete, receive is passed through untouched (it then waits for the disconnect, legitimately
@@ -39,10 +49,14 @@ class BodyTimeoutMiddleware:
             await self.app(scope, receive, send)
             return
         state: dict[str, Any] = {"complete": False}
+        headers = dict(scope.get("headers") or [])
+        encoding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
 
         async def timed_receive() -> Message:
             if state["complete"]:
                 return await receive()
+            if encoding not in ("", "identity"):
+                raise EncodedBody(encoding)
             try:
                 async with asyncio.timeout(self.seconds):
                     message = await receive()

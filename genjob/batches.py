@@ -30,6 +30,7 @@ from genjob.catalog import JobOptionsError, job_spec, parse_job_options
 from genjob.constants import TERMINAL_JOB_STATUSES, InputFormat, JobStatus, OpenAIEndpoint
 from genjob.db import session_scope
 from genjob.durations import parse_duration
+from genjob.echo import echoed
 from genjob.formats.lines import InputFileError, LineError
 from genjob.formats.reader import first_line_model
 from genjob.formats.tokenizing import SubmitTokenizer
@@ -49,7 +50,7 @@ SPOOL_MEMORY_BYTES = 1 << 20
 
 class BatchNotFound(LookupError):
     def __init__(self, batch_id: str) -> None:
-        super().__init__(f"no batch {batch_id!r}")
+        super().__init__(f"no batch {echoed(batch_id)}")
         self.batch_id = batch_id
 
 

@@ -17,9 +17,9 @@ FLOWER_AUTH_ENV = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH")
 @click.command()
 @click.option("--host", help="Address to listen on (default: GENJOB_API_HOST, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), help="Port (default: GENJOB_API_PORT, 8000).")
-@click.option("--log-level", default="info", show_default=True, help="uvicorn log level.")
+@click.option("--log-level", default="info", show_default=True, help="Granian's log level.")
 def api(host: str | None, port: int | None, log_level: str) -> None:
-    """Serve the HTTP API (FastAPI on uvicorn): POST /v1/jobs and friends.
+    """Serve the HTTP API (FastAPI on Granian): POST /v1/jobs and friends.
 
     Clients authenticate with Authorization: Bearer KEY, a key from
     GENJOB_API_KEYS. Without keys the API is local-only: it listens on

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.orm import Session
 
+from genjob.echo import echoed
 from genjob.tables import File, FileChunk
 
 BLOCK_BYTES = 1 << 20
@@ -22,7 +23,7 @@ BLOCK_BYTES = 1 << 20
 
 class FileNotFound(LookupError):
     def __init__(self, file_id: str) -> None:
-        super().__init__(f"no file {file_id!r}")
+        super().__init__(f"no file {echoed(file_id)}")
         self.file_id = file_id
 
 

@@ -24,6 +24,7 @@ from genjob.constants import (
     JobStatus,
 )
 from genjob.db import changed_rows
+from genjob.echo import echoed
 from genjob.options import JobSpec
 from genjob.store.item_rows import insert_items
 from genjob.store.leases import as_utc
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # formats.export reads the store: the items are only typed he
 
 class JobNotFound(LookupError):
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"no job {job_id!r}")
+        super().__init__(f"no job {echoed(job_id)}")
         self.job_id = job_id
 
 
