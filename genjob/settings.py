@@ -159,7 +159,20 @@ class Settings(BaseSettings):
     api_max_uploads: int = Field(
         default=4,
         ge=1,
-        description="Uploads spooled at once (each up to GENJOB_MAX_UPLOAD_BYTES on disk); more get 503.",
+        description="Uploads spooled to disk at once (each up to GENJOB_MAX_UPLOAD_BYTES; those under "
+        "1 MiB stay in memory and take none), at most half of them one API key's; more get 503.",
+    )
+    api_body_min_rate: int = Field(
+        default=1024,
+        ge=0,
+        description="Bytes per second an upload must average once GENJOB_API_BODY_GRACE_S have passed; "
+        "a slower one is answered 408 and frees its slot (0: no minimum).",
+    )
+    api_body_grace_s: float = Field(
+        default=10.0, ge=0, description="Seconds an upload may take before GENJOB_API_BODY_MIN_RATE applies."
+    )
+    api_body_deadline_s: float = Field(
+        default=900.0, gt=0, description="Seconds an upload may take in all; past them it is answered 408."
     )
     api_quota_tokens: int | None = Field(
         default=None,

@@ -104,7 +104,11 @@ async def create_file(request: Request, settings: SettingsDep, caller: CallerDep
     """Stored as sent; its lines are checked when a batch is created from it. At most
     GENJOB_MAX_UPLOAD_BYTES (413, checked while it streams in)."""
     async with spooled_upload(
-        request, limit=settings.max_upload_bytes, fields=frozenset({"purpose"}), multipart_only=True
+        request,
+        owner=caller.owner,
+        limit=settings.max_upload_bytes,
+        fields=frozenset({"purpose"}),
+        multipart_only=True,
     ) as upload:
         purpose = upload.fields.get("purpose")
         if purpose != "batch":

@@ -112,7 +112,7 @@ async def create_job(
         raise ApiError(422, "invalid_options", f"invalid job options: {exc}", details=[detail]) from exc
     await run_in_threadpool(check_quota, settings, caller.owner)
     submitter = Submitter.of(settings, options, spec, owner=caller.owner)
-    async with spooled_upload(request, limit=settings.max_upload_bytes) as upload:
+    async with spooled_upload(request, owner=caller.owner, limit=settings.max_upload_bytes) as upload:
         try:
             submitted = await run_in_threadpool(
                 store_job_stream,

@@ -1,6 +1,7 @@
 """`genjob api` holds up to hostile clients: stalled or trickled headers are cut off within the header
-timeout while others are served; a stalled body answers 408; uploads beyond the concurrent cap answer
-503 at once, so the spool on disk stays within max uploads × the size limit."""
+timeout while others are served; a stalled body answers 408, and so does one slower than the minimum
+rate; large uploads beyond the concurrent cap (or one key's half of it) answer 503, so the spool on disk
+stays within max uploads × the size limit, while small uploads, which take no slot, are served."""
 
 from __future__ import annotations
 
@@ -19,21 +20,23 @@ from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
 
-KEY = "hostile-key-0123456789"
+KEY, OTHER_KEY = "hostile-key-0123456789", "other-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 UPLOAD_LIMIT = 2 << 20  # over the 1 MiB an upload keeps in memory: the rest spools to disk
 
 
 @pytest.fixture
 def api(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[tuple[int, Path, int]]:
-    """A live API with short timeouts, two upload slots and its spool in a folder of its own."""
+    """A live API with short timeouts, two upload slots (one per key), two keys and its spool in a folder
+    of its own."""
     port = free_port()
     spool = tmp_path / "spool"
     spool.mkdir()
     env = service_env(
         pg_url,
         queue_name,
-        GENJOB_API_KEYS=KEY,
+        GENJOB_API_KEYS=f"{KEY},{OTHER_KEY}",
+        GENJOB_API_BODY_GRACE_S="2",
         GENJOB_API_HEADER_TIMEOUT_S="4",
         GENJOB_API_BODY_TIMEOUT_S="3",
         GENJOB_API_MAX_UPLOADS="2",
@@ -129,24 +132,29 @@ def test_a_stalled_body_answers_408(api: tuple[int, Path]) -> None:
     assert time.monotonic() - started < 15
 
 
+def held_upload(port: int, key: str) -> socket.socket:
+    """A chunked multipart upload that sends its part's header and 1.2 MiB at once (past what an upload
+    keeps in memory: it takes a slot), then keeps its connection for more."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() + b"\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+    start = part + (b'{"prompt": "' + b"x" * 1000 + b'"}\n') * 1200
+    sock.sendall(b"%x\r\n%s\r\n" % (len(start), start))
+    return sock
+
+
 def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[int, Path]) -> None:
     port, spool, pid = api
-    holders = []
-    for _ in range(2):  # two uploads that keep sending, slowly: they hold both slots
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(
-            b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
-            b"Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
-        sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
-        holders.append(sock)
+    holders = [held_upload(port, key) for key in (KEY, OTHER_KEY)]  # one slot each: both slots taken
     stop, flood = threading.Event(), threading.Event()
 
     def keep_sending() -> None:
-        # A trickle (10 KiB/s each, far under the limit for the whole wait) holds both slots however
-        # slowly a busy machine serves them; once the third upload is refused, a flood (640 KiB/s each)
-        # takes the held uploads past the limit.
+        # A trickle (10 KiB/s each, over the minimum rate, far under the limit for the whole wait) holds
+        # both slots however slowly a busy machine serves them; once the third upload is refused, a flood
+        # (640 KiB/s each) takes the held uploads past the limit.
         trickle = b'{"prompt": "' + b"x" * 1024 + b'"}\n'
         block = b'{"prompt": "' + b"x" * (64 << 10) + b'"}\n'
         while not stop.wait(0.1):
@@ -156,19 +164,20 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
                     sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
 
     threading.Thread(target=keep_sending, daemon=True).start()
+    large = b'{"a": "' + b"y" * (1100 << 10) + b'"}\n'  # over 1 MiB: it needs a slot
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
-            # Both held uploads are inside the server before the third is sent (an upload sent earlier
-            # is not always served first: on a busy machine the third could take a slot for a moment).
             wait_for(
                 lambda: uploads_receiving(client) == 2, timeout=30, what="both held uploads to be received"
             )
-            third = client.post(
-                "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
-            )
+            third = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", large)})
             assert third.status_code == 503, third.text
             assert third.json()["error"]["code"] == "too_many_uploads"
             assert third.headers["retry-after"] == "5"
+            small = client.post(  # a one-line upload takes no slot: served while both are held
+                "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
+            )
+            assert small.status_code == 200, small.text
             flood.set()
             peak = 0
 
@@ -180,13 +189,55 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
             wait_for(cut_off, timeout=60, what="the held uploads to be cut off at the limit", every=0.1)
             assert 0 < peak <= 2 * (UPLOAD_LIMIT + (64 << 10))
             assert all(sock.recv(4096).startswith(b"HTTP/1.1 413") for sock in holders)
-            assert (
-                client.post(  # the slots are free again once they are cut off
-                    "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
-                ).status_code
-                == 200
-            )
+            again = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", large)})
+            assert again.status_code == 200  # the slots are free again once they are cut off
     finally:
         stop.set()
         for sock in holders:
             sock.close()
+
+
+def test_one_key_holds_half_the_slots_and_a_too_slow_upload_is_cut(api: tuple[int, Path]) -> None:
+    port, _, _ = api
+    large = b'{"a": "' + b"y" * (1100 << 10) + b'"}\n'
+    held = held_upload(port, KEY)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
+            wait_for(
+                lambda: uploads_receiving(client) == 1, timeout=30, what="the held upload to be received"
+            )
+            mine = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", large)})
+            assert (mine.status_code, mine.json()["error"]["message"]) == (
+                503,
+                "this API key already has 1 large uploads being received: retry shortly",
+            )
+            other = client.post(
+                "/v1/files",
+                data={"purpose": "batch"},
+                files={"file": ("c.jsonl", large)},
+                headers={"Authorization": f"Bearer {OTHER_KEY}"},
+            )
+            assert other.status_code == 200, other.text
+    finally:
+        held.close()
+    slow = socket.create_connection(("127.0.0.1", port))  # declares 1.5 MiB (a slot at once), sends 200 B/s
+    slow.sendall(
+        b"POST /v1/jobs?model=m HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + OTHER_KEY.encode() + b"\r\n"
+        b"Content-Type: application/jsonl\r\nContent-Length: 1572864\r\n\r\n"
+    )
+    started, answer = time.monotonic(), b""
+    slow.settimeout(0.5)
+    while time.monotonic() - started < 20 and not answer:
+        with contextlib.suppress(OSError):
+            slow.sendall(b"x" * 100)
+        with contextlib.suppress(TimeoutError):
+            answer = slow.recv(4096)
+    slow.settimeout(5)
+    with contextlib.suppress(OSError):
+        while more := slow.recv(4096):  # the server closes the connection after its answer
+            answer += more
+    slow.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"GENJOB_API_BODY_MIN_RATE" in answer
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
+        wait_for(lambda: uploads_receiving(client) == 0, timeout=10, what="the slow upload's slot to be free")
