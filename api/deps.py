@@ -108,6 +108,14 @@ def require_api_key(
 
 CallerDep = Annotated[Caller, Depends(require_api_key)]
 
+
+def require_operator(caller: CallerDep, settings: SettingsDep) -> Caller:
+    """A caller who may see server-wide figures (every tenant's jobs, queues): an admin key where admin
+    keys are configured; where none is, every key is the one tenant's operator's."""
+    if settings.admin_api_keys and not caller.admin:
+        raise ApiError(403, "forbidden", "server-wide figures need an admin key (GENJOB_ADMIN_API_KEYS)")
+    return caller
+
 JOB_ID = re.compile(r"[0-9a-f]{1,32}")
 
 JobIdPath = Annotated[

@@ -1,11 +1,12 @@
-"""``GET /metrics``: the API's Prometheus metrics (``api.metrics``), behind the same keys as the rest."""
+"""``GET /metrics``: the API's Prometheus metrics (``api.metrics``): server-wide figures, so an admin key's
+where admin keys are configured (``require_operator``), else any key's."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from genjob.api.deps import require_api_key
+from genjob.api.deps import require_operator
 from genjob.telemetry import exposition
 
 router = APIRouter(tags=["operations"])
@@ -14,7 +15,7 @@ router = APIRouter(tags=["operations"])
 @router.get(
     "/metrics",
     summary="Prometheus metrics",
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(require_operator)],
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )

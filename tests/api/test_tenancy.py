@@ -182,3 +182,14 @@ def test_usage_per_key_and_the_quota(
         )
     with session_scope(tenant_settings.database_url) as session:
         assert store.get_job(session, job_id=job["id"], owner=owner_of_key(keys["a"])).done == 2
+
+
+def test_server_wide_metrics_need_an_admin_key_where_admins_are_configured(
+    clients: dict[str, TestClient],
+) -> None:
+    refused = clients["a"].get("/metrics")
+    assert (refused.status_code, refused.json()["error"]["message"]) == (
+        403,
+        "server-wide figures need an admin key (GENJOB_ADMIN_API_KEYS)",
+    )
+    assert clients["admin"].get("/metrics").status_code == 200
