@@ -167,6 +167,8 @@ def _make_job(
     if first is None:
         return [_error("empty_file", "the input file has no requests", None, None)]
     line, model = first
+    if isinstance(model, LineError):
+        return [_line_error(model)]
     if model is None:
         return [_error("missing_model", "the request names no model (body.model)", line, "body.model")]
     try:

@@ -258,10 +258,10 @@ def valid_prompts(
         yield entry
 
 
-def first_line_model(stream: BinaryIO, *, limits: InputLimits) -> tuple[int, str | None] | None:
+def first_line_model(stream: BinaryIO, *, limits: InputLimits) -> tuple[int, str | LineError | None] | None:
     """(line number, ``body.model``) of the first non-blank line of OpenAI request lines, the stream
-    rewound; None for a file with no such line. A line that does not parse names no model (the
-    full check reports it)."""
+    rewound; None for a file with no such line. A line that does not parse gives its ``LineError``
+    instead of a model (the same words as the full check's); one that names none, None."""
     start = stream.tell()
     try:
         for number, raw in read_lines(stream, limits):
@@ -272,8 +272,8 @@ def first_line_model(stream: BinaryIO, *, limits: InputLimits) -> tuple[int, str
                 continue
             try:
                 data = parse_json_line(text, last_line=False)
-            except LineProblem:
-                return number, None
+            except LineProblem as problem:
+                return number, LineError(number, problem.message, problem.field)
             body = data.get("body") if isinstance(data, dict) else None
             model = body.get("model") if isinstance(body, dict) else None
             return number, model if isinstance(model, str) else None

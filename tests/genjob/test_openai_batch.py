@@ -3,6 +3,7 @@ results written back as OpenAI batch output; the CLI's --input-format / --format
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,8 +17,9 @@ from tokenizers import processors
 
 from genjob.cli import main
 from genjob.constants import InputFormat
-from genjob.formats.lines import InputFileError, InputLimits
+from genjob.formats.lines import InputFileError, InputLimits, LineError
 from genjob.formats.openai_output import response_record
+from genjob.formats.reader import first_line_model
 from genjob.generation.prompt_tokenizer import ChatTemplateError, PromptTokenizer
 from genjob.tables import Item, Job, Result
 
@@ -308,3 +310,12 @@ def test_cli_reports_openai_line_errors(embedded_env: str, tmp_path: Path) -> No
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--input-format", "openai"])
     assert result.exit_code == 1
     assert result.output == "Error: p.jsonl:1: field 'body.n': Input should be 1\n"
+
+
+def test_the_batch_model_check_reports_a_line_that_does_not_parse_as_the_full_check_does() -> None:
+    """A first line nested 70 deep that does name a model: the Batches API said it named no model."""
+    deep = '{"custom_id": "x", "body": {"model": "tiny", "x": ' + "[" * 70 + "]" * 70 + "}}\n"
+    stream = io.BytesIO(b"\n" + deep.encode())
+    found = first_line_model(stream, limits=InputLimits())
+    assert found == (2, LineError(2, "invalid JSON: arrays or objects nested deeper than 64 levels"))
+    assert stream.tell() == 0
