@@ -116,6 +116,7 @@ def require_operator(caller: CallerDep, settings: SettingsDep) -> Caller:
         raise ApiError(403, "forbidden", "server-wide figures need an admin key (GENJOB_ADMIN_API_KEYS)")
     return caller
 
+
 JOB_ID = re.compile(r"[0-9a-f]{1,32}")
 
 JobIdPath = Annotated[
