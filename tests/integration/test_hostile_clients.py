@@ -200,7 +200,18 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
 def test_one_key_holds_half_the_slots_and_a_too_slow_upload_is_cut(api: tuple[int, Path]) -> None:
     port, _, _ = api
     large = b'{"a": "' + b"y" * (1100 << 10) + b'"}\n'
-    held = held_upload(port, KEY)
+    trickling = [held_upload(port, KEY) for _ in range(4)]  # four on one key: one gets a slot
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        one_line = client.post(
+            "/v1/jobs",
+            params={"model": "m"},
+            content=b'{"prompt": "a"}\n',
+            headers={"Authorization": f"Bearer {OTHER_KEY}", "Content-Type": "application/jsonl"},
+        )
+        assert one_line.status_code == 201, one_line.text
+    for sock in trickling[1:]:
+        sock.close()
+    held = trickling[0]
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
             wait_for(
