@@ -183,6 +183,24 @@ def publish_rest(
     )
 
 
+def chunks_to_queue(
+    settings: Settings, *, job_id: str, chunk_size: int, max_attempts: int, everything: bool = False
+) -> int:
+    """How many messages ``publish_pending`` would send now, sending and changing nothing
+    (``genjob requeue --dry-run``)."""
+    now = utcnow()
+    with session_scope(settings.database_url) as session:
+        job = store.get_job(session, job_id=job_id)
+        if everything or broker_lost_queue(settings, job.queue):
+            return sum(
+                1
+                for _ in store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size, unleased_at=now)
+            )
+        lost = leases.expired_lease_seqs(session, job_id=job_id, now=now, max_attempts=max_attempts)
+        unqueued = store.seq_ranges(job.queued_seq, job.total, chunk_size)
+        return sum(1 for _ in store.seq_runs(lost, chunk_size)) + sum(1 for _ in unqueued)
+
+
 def publish_pending(
     settings: Settings, *, job_id: str, chunk_size: int, max_attempts: int, everything: bool = False
 ) -> int:

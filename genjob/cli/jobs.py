@@ -28,7 +28,7 @@ from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
 from genjob.formats.lines import InputFileError
 from genjob.generation.prompt_tokenizer import PromptTokenizer
-from genjob.queueing import BrokerUnavailable
+from genjob.queueing import BrokerUnavailable, chunks_to_queue
 from genjob.settings import Settings
 from genjob.store.idempotency import MAX_KEY_CHARS, IdempotencyConflict
 from genjob.submit import Submitter, store_job
@@ -203,7 +203,8 @@ def cancel(job_id: str) -> None:
 @click.option(
     "--all", "everything", is_flag=True, help="Queue every pending item not held by a live worker again."
 )
-def requeue(job_id: str, chunk_size: int | None, everything: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="Say how many chunks it would queue, and queue nothing.")
+def requeue(job_id: str, chunk_size: int | None, everything: bool, dry_run: bool) -> None:
     """Queue what a job is missing (after the broker was down, say).
 
     That is the items its submit did not get to queue and those whose worker
@@ -218,6 +219,18 @@ def requeue(job_id: str, chunk_size: int | None, everything: bool) -> None:
         click.echo(f"job {job.id} already ended ({job.status}): nothing to queue")
         return
     size = chunk_size or settings.chunk_size
+    if dry_run:
+        would = chunks_to_queue(
+            settings,
+            job_id=job.id,
+            chunk_size=size,
+            max_attempts=settings.max_attempts,
+            everything=everything,
+        )
+        click.echo(
+            f"would queue {would} chunks of job {job.id}" if would else f"job {job.id} is missing nothing"
+        )
+        return
     chunks = enqueue_or_explain(settings, job_id=job.id, chunk_size=size, everything=everything)
     if chunks:
         click.echo(f"queued {chunks} chunks of job {job.id}")

@@ -187,6 +187,19 @@ def record_lost_tries(session: Session, *, item_ids: Sequence[int], now: datetim
     session.execute(insert(Attempt).from_select(columns, lost))
 
 
+def expired_lease_seqs(
+    session: Session, *, job_id: str, now: datetime, max_attempts: int | None = None
+) -> list[int]:
+    """The seqs of the job's open items whose lease ran out and that ``reclaim_expired_leases`` would
+    queue again (tries left), in order; nothing is changed (``genjob requeue --dry-run``)."""
+    query = select(Item.seq).where(
+        Item.job_id == job_id, Item.status.in_(list(OPEN_ITEM_STATUSES)), Item.lease_expires_at <= now
+    )
+    if max_attempts is not None:
+        query = query.where(Item.attempts < max_attempts)
+    return list(session.scalars(query.order_by(Item.seq)))
+
+
 def reclaim_expired_leases(
     session: Session,
     *,

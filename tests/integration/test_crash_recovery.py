@@ -208,8 +208,12 @@ def test_requeue_after_a_flushall_queues_what_the_broker_lost(
     )
     depth = lambda: queue_depths(own_redis.url, [queue_name])[queue_name]  # noqa: E731
     assert depth() == 3
+    nothing = run_cli(env, "requeue", job_id, "--dry-run")
+    assert nothing.stdout == f"job {job_id} is missing nothing\n"
     broker.flushall()
     assert depth() == 0
+    dry = run_cli(env, "requeue", job_id, "--chunk-size", "4", "--dry-run")
+    assert (dry.returncode, dry.stdout, depth()) == (0, f"would queue 3 chunks of job {job_id}\n", 0)
     requeued = run_cli(env, "requeue", job_id, "--chunk-size", "4")
     assert (requeued.returncode, requeued.stdout) == (0, f"queued 3 chunks of job {job_id}\n")
     assert depth() == 3
