@@ -61,7 +61,8 @@ def broker_mark_key(database_url: str) -> str:
 
 def broker_lost_queue(settings: Settings, queue: str) -> bool:
     """Whether the broker (Redis) has lost what was queued on ``queue``: the workers' marker key is gone
-    (a restart without persistence, a flush: see the sweeper) or the queue holds no message at all."""
+    (a restart without persistence, a flush: see the sweeper) or the queue holds no message at all.
+    Asked only for a job that had queued something (a new job's submit has nothing to lose)."""
     broker = settings.broker_url or ""
     if not broker.startswith(("redis://", "rediss://")):
         return False
@@ -72,6 +73,8 @@ def broker_lost_queue(settings: Settings, queue: str) -> bool:
         if not client.exists(broker_mark_key(settings.database_url)):
             return True
         return not any(client.llen(key) for key in queue_keys(queue))
+    except redis.RedisError:
+        return False  # a broker that does not answer: the publish that follows says so
     finally:
         client.close()
 
@@ -191,7 +194,7 @@ def chunks_to_queue(
     now = utcnow()
     with session_scope(settings.database_url) as session:
         job = store.get_job(session, job_id=job_id)
-        if everything or broker_lost_queue(settings, job.queue):
+        if everything or (job.queued_seq > 0 and broker_lost_queue(settings, job.queue)):
             return sum(
                 1
                 for _ in store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size, unleased_at=now)
@@ -228,7 +231,7 @@ def publish_pending(
     with session_scope(settings.database_url) as session:
         job = store.get_job(session, job_id=job_id)
         queue, queued_seq, total = job.queue, job.queued_seq, job.total
-    if everything or broker_lost_queue(settings, queue):
+    if everything or (queued_seq > 0 and broker_lost_queue(settings, queue)):
         with session_scope(settings.database_url) as session:
             leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=max_attempts)
         with session_scope(settings.database_url) as session:
