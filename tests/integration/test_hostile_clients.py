@@ -146,24 +146,30 @@ def held_upload(port: int, key: str) -> socket.socket:
     return sock
 
 
-def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[int, Path]) -> None:
-    port, spool, pid = api
-    holders = [held_upload(port, key) for key in (KEY, OTHER_KEY)]  # one slot each: both slots taken
-    stop, flood = threading.Event(), threading.Event()
+def keep_sending(
+    holders: list[socket.socket], stop: threading.Event, flood: threading.Event | None = None
+) -> None:
+    """In a thread until ``stop``: a trickle into each held upload (10 KiB/s each, over the minimum rate,
+    far under the size limit for a test's wait), so it holds its slot however slowly a busy machine
+    serves it; once ``flood`` is set, 640 KiB/s each, past the limit."""
+    trickle = b'{"prompt": "' + b"x" * 1024 + b'"}\n'
+    block = b'{"prompt": "' + b"x" * (64 << 10) + b'"}\n'
 
-    def keep_sending() -> None:
-        # A trickle (10 KiB/s each, over the minimum rate, far under the limit for the whole wait) holds
-        # both slots however slowly a busy machine serves them; once the third upload is refused, a flood
-        # (640 KiB/s each) takes the held uploads past the limit.
-        trickle = b'{"prompt": "' + b"x" * 1024 + b'"}\n'
-        block = b'{"prompt": "' + b"x" * (64 << 10) + b'"}\n'
+    def send() -> None:
         while not stop.wait(0.1):
-            data = block if flood.is_set() else trickle
+            data = block if flood is not None and flood.is_set() else trickle
             for sock in holders:
                 with contextlib.suppress(OSError):
                     sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
 
-    threading.Thread(target=keep_sending, daemon=True).start()
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[int, Path]) -> None:
+    port, spool, pid = api
+    holders = [held_upload(port, key) for key in (KEY, OTHER_KEY)]  # one slot each: both slots taken
+    stop, flood = threading.Event(), threading.Event()
+    keep_sending(holders, stop, flood)
     large = b'{"a": "' + b"y" * (1100 << 10) + b'"}\n'  # over 1 MiB: it needs a slot
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
@@ -200,23 +206,21 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
 def test_one_key_holds_half_the_slots_and_a_too_slow_upload_is_cut(api: tuple[int, Path]) -> None:
     port, _, _ = api
     large = b'{"a": "' + b"y" * (1100 << 10) + b'"}\n'
-    trickling = [held_upload(port, KEY) for _ in range(4)]  # four on one key: one gets a slot
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-        one_line = client.post(
-            "/v1/jobs",
-            params={"model": "m"},
-            content=b'{"prompt": "a"}\n',
-            headers={"Authorization": f"Bearer {OTHER_KEY}", "Content-Type": "application/jsonl"},
-        )
-        assert one_line.status_code == 201, one_line.text
-    for sock in trickling[1:]:
-        sock.close()
-    held = trickling[0]
+    trickling = [held_upload(port, KEY) for _ in range(4)]  # four on one key: one of them gets a slot
+    stop = threading.Event()
+    keep_sending(trickling, stop)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
             wait_for(
-                lambda: uploads_receiving(client) == 1, timeout=30, what="the held upload to be received"
+                lambda: uploads_receiving(client) == 1, timeout=30, what="one held upload, the others refused"
             )
+            one_line = client.post(
+                "/v1/jobs",
+                params={"model": "m"},
+                content=b'{"prompt": "a"}\n',
+                headers={"Authorization": f"Bearer {OTHER_KEY}", "Content-Type": "application/jsonl"},
+            )
+            assert one_line.status_code == 201, one_line.text
             mine = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", large)})
             assert (mine.status_code, mine.json()["error"]["message"]) == (
                 503,
@@ -230,7 +234,9 @@ def test_one_key_holds_half_the_slots_and_a_too_slow_upload_is_cut(api: tuple[in
             )
             assert other.status_code == 200, other.text
     finally:
-        held.close()
+        stop.set()
+        for sock in trickling:
+            sock.close()
     slow = socket.create_connection(("127.0.0.1", port))  # declares 1.5 MiB (a slot at once), sends 200 B/s
     slow.sendall(
         b"POST /v1/jobs?model=m HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + OTHER_KEY.encode() + b"\r\n"
