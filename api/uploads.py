@@ -77,8 +77,8 @@ class UploadSlots:
         self.by_owner: Counter[str] = Counter()
 
     def take(self, owner: str) -> None:
-        if self.active >= self.limit or self.by_owner[owner] >= self.per_owner:
-            mine = self.by_owner[owner] >= self.per_owner
+        mine = self.by_owner[owner] >= self.per_owner
+        if mine or self.active >= self.limit:
             raise ApiError(
                 503,
                 "too_many_uploads",

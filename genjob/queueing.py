@@ -59,22 +59,29 @@ def broker_mark_key(database_url: str) -> str:
     return f"{BROKER_MARK_KEY}:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
+def queue_everything(settings: Settings, *, queue: str, queued_seq: int, everything: bool) -> bool:
+    """Whether ``publish_pending`` queues every pending item no live worker holds: asked to
+    (``everything``), or the broker lost what this job had queued (``broker_lost_queue``; a job that
+    queued nothing yet, a new job's submit, has nothing to lose and keeps its ranged enqueue)."""
+    return everything or (queued_seq > 0 and broker_lost_queue(settings, queue))
+
+
 def broker_lost_queue(settings: Settings, queue: str) -> bool:
-    """Whether the broker (Redis) has lost what was queued on ``queue``: the workers' marker key is gone
-    (a restart without persistence, a flush: see the sweeper) or the queue holds no message at all.
-    Asked only for a job that had queued something (a new job's submit has nothing to lose)."""
+    """Whether the broker (Redis) has lost what was queued on ``queue``: the queue holds no message
+    at all (``queue_depths``), or the workers' marker key is gone (a restart without persistence, a
+    flush: see the sweeper). A broker that does not answer (or is not Redis): no, the publish that
+    follows says so."""
     broker = settings.broker_url or ""
-    if not broker.startswith(("redis://", "rediss://")):
-        return False
+    depth = queue_depths(broker, [queue]).get(queue)
+    if not depth:
+        return depth == 0
     import redis
 
     client = redis.Redis.from_url(broker, socket_timeout=5, socket_connect_timeout=5)
     try:
-        if not client.exists(broker_mark_key(settings.database_url)):
-            return True
-        return not any(client.llen(key) for key in queue_keys(queue))
+        return not client.exists(broker_mark_key(settings.database_url))
     except redis.RedisError:
-        return False  # a broker that does not answer: the publish that follows says so
+        return False
     finally:
         client.close()
 
@@ -194,7 +201,7 @@ def chunks_to_queue(
     now = utcnow()
     with session_scope(settings.database_url) as session:
         job = store.get_job(session, job_id=job_id)
-        if everything or (job.queued_seq > 0 and broker_lost_queue(settings, job.queue)):
+        if queue_everything(settings, queue=job.queue, queued_seq=job.queued_seq, everything=everything):
             return sum(
                 1
                 for _ in store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size, unleased_at=now)
@@ -231,7 +238,7 @@ def publish_pending(
     with session_scope(settings.database_url) as session:
         job = store.get_job(session, job_id=job_id)
         queue, queued_seq, total = job.queue, job.queued_seq, job.total
-    if everything or (queued_seq > 0 and broker_lost_queue(settings, queue)):
+    if queue_everything(settings, queue=queue, queued_seq=queued_seq, everything=everything):
         with session_scope(settings.database_url) as session:
             leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=max_attempts)
         with session_scope(settings.database_url) as session:
