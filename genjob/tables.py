@@ -267,6 +267,15 @@ class Result(Base):
     )
 
 
+# What a worker writes of each finished item: every ``results`` column but the keys and the time it
+# is written (``worker.runners.result_row`` builds exactly these; the store's SQL lists them from here).
+RESULT_FIELDS = tuple(
+    column.name
+    for column in Result.__table__.columns
+    if column.name not in ("id", "job_id", "item_id", "created_at")
+)
+
+
 class Attempt(Base):
     """One try of one item by one worker: lets us prove no two attempts overlap in time."""
 

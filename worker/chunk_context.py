@@ -1,9 +1,10 @@
 """What a chunk's item loop (``genjob.worker.item_loop``) is given and what it tells back.
 
-``ChunkContext``: the job, who holds its leases, how to write (a transaction, or one statement on
-Postgres), and the chunk's renewals: ``stop_renewals`` before leases are handed back, ``beat`` after
-each engine round (its leases are renewed only while it beats: ``genjob.worker.leasing``).
-``ChunkOutcome``: what became of the chunk's items. Must not know: HTTP, the CLI, torch.
+``ChunkContext``: the chunk's store (``genjob.store.ChunkStore``: the job, who holds its leases, every
+write, whatever the database), and the chunk's renewals: ``stop_renewals`` before leases are handed
+back, ``beat`` after each engine round (its leases are renewed only while it beats:
+``genjob.worker.leasing``). ``ChunkOutcome``: what became of the chunk's items.
+Must not know: HTTP, the CLI, torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genjob.settings import Settings
+from genjob.store import ChunkStore
 
 
 @dataclass
@@ -32,12 +34,21 @@ def _no_beat(extra_s: float = 0.0) -> None:
 @dataclass(frozen=True)
 class ChunkContext:
     settings: Settings
-    job_id: str
-    holder: str  # the lease holder: worker name / pid
     worker: str
-    tx: Callable[..., Any]
-    # Postgres: one statement in autocommit (db.run_statement), for the group's write-and-claim
-    statement: Callable[..., Any] | None = None
+    chunks: ChunkStore
     stop_renewals: Callable[[], None] = lambda: None  # before leases are handed back: none renews them
     # Progress (after each engine round; ``extra_s``: a known wait before the next): leases follow it
     beat: Callable[..., None] = _no_beat
+
+    @property
+    def job_id(self) -> str:
+        return self.chunks.job_id
+
+    @property
+    def holder(self) -> str:  # the lease holder: worker name / pid
+        return self.chunks.holder
+
+    @property
+    def tx(self) -> Callable[..., Any]:
+        """``tx(fn, **kwargs)``: a store function ``fn(session, **kwargs)`` in one transaction."""
+        return self.chunks.tx

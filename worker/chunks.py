@@ -8,9 +8,9 @@ job's expected speedup is derived again from its sums and the costs this worker 
 
 Reliability: the chunk's items are leased to this process (renewed by its ``LeaseRenewer`` thread while
 the chunk makes progress), so no other worker runs them while it lives and moves, and the sweeper takes
-them back once it dies or stalls. Every database write is a short transaction (on Postgres, mostly
-one statement alone: ``store.open_chunk``, a group's ``finish_and_claim``, ``store.close_chunk``)
-retried with backoff on a dropped connection. Faults
+them back once it dies or stalls. Every database write goes through the chunk's store
+(``genjob.store.chunks``: short transactions, or on Postgres mostly one statement alone), retried
+with backoff on a dropped connection; this module never knows which database it talks to. Faults
 land where they belong: a model that cannot load fails the job; anything else that fails while this
 worker holds items (its device, out of memory in warm-up, a bug) costs each held item a try and ends
 its lease at once (``WorkerFault``), so a flapping worker cannot loop a job forever: after
@@ -24,23 +24,15 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from genjob import store
-from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
-from genjob.db import RETRYABLE_DB_ERRORS, run_statement, run_transaction
+from genjob.db import RETRYABLE_DB_ERRORS
 from genjob.generation.costs import expected_speedup
 from genjob.generation.engine_stats import EngineStats
 from genjob.generation.loading import ModelLoadError
-from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.store import leases
-from genjob.tables import Job
-from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop, Rows
+from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop
 from genjob.worker.leasing import RENEWER, lease_holder
 from genjob.worker.metrics import metered
 from genjob.worker.provenance import note_once
@@ -49,50 +41,9 @@ from genjob.worker.runners import RUNNERS, JobRunner
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ChunkRef:
-    """What a task message names: a job and a range of its items (``seq`` in [start, stop)), or, in
-    a message of the old format, a list of item ids."""
-
-    job_id: str
-    seq_range: tuple[int, int] | None = None
-    item_ids: tuple[int, ...] | None = None
-
-    def __len__(self) -> int:
-        if self.seq_range is not None:
-            return max(0, self.seq_range[1] - self.seq_range[0])
-        return len(self.item_ids or ())
-
-
 class WorkerFault(RuntimeError):
     """This worker failed while holding a chunk's items (not the job's fault): each held item's try
     was counted and its lease ended, for a sweeper to queue it again."""
-
-
-def _open_chunk(
-    session: Session, *, chunk: ChunkRef, holder: str, settings: Settings
-) -> tuple[JobSpec, list[int], str] | None:
-    """(spec, the chunk's items now leased to us, in order, the job's queue), or None if the job ended."""
-    job_id = chunk.job_id
-    job = session.execute(
-        select(Job.status, Job.expires_at, Job.spec, Job.queue).where(Job.id == job_id)
-    ).one_or_none()
-    if job is None or job.status in TERMINAL_JOB_STATUSES:
-        return None
-    if job.expires_at is not None and store.expire_due_jobs(session, job_id=job_id):
-        return None
-    if job.status != JobStatus.RUNNING:
-        store.mark_job_running(session, job_id=job_id)
-    reserved = leases.reserve_items(
-        session,
-        job_id=job_id,
-        worker=holder,
-        lease_s=settings.lease_s,
-        seq_range=chunk.seq_range,
-        item_ids=chunk.item_ids,
-        max_attempts=settings.max_attempts,
-    )
-    return JobSpec.model_validate(job.spec), reserved, job.queue
 
 
 def measurements(
@@ -117,29 +68,7 @@ def measurements(
     )
 
 
-def _close_chunk(
-    session: Session,
-    *,
-    job_id: str,
-    item_ids: list[int],
-    holder: str,
-    measured: store.ChunkMeasurements | None,
-    runner: JobRunner | None,
-    interrupted: bool,
-) -> None:
-    if item_ids and interrupted:  # a graceful stop: the leases end now, for a sweeper to queue them again
-        leases.end_leases(session, item_ids=item_ids, worker=holder)
-    elif item_ids:  # the chunk stopped early (its job ended): nobody will run them
-        leases.release_reservations(session, item_ids=item_ids, worker=holder)
-    if measured is not None and runner is not None:
-        job = store.record_chunk(session, job_id=job_id, measured=measured)
-        derived = _derive(job, runner) if job is not None else None
-        for name, value in (derived or {}).items():
-            setattr(job, name, value)
-    store.finalize_job(session, job_id=job_id)
-
-
-def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
+def _derive(job: Any, *, runner: JobRunner) -> dict[str, Any] | None:
     """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums
     (``job``: a ``Job``, or the row ``store.close_chunk`` returned); None if it has nothing to derive."""
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
@@ -160,83 +89,6 @@ def _derive(job: Any, runner: JobRunner) -> dict[str, Any] | None:
         "cost_ratio": costs.draft_seconds(max(1, round(batch))) / plain,
         "costs": summary,
     }
-
-
-def _open(
-    tx: Callable[..., Any],
-    statement: Callable[..., Any] | None,
-    *,
-    chunk: ChunkRef,
-    holder: str,
-    settings: Settings,
-) -> tuple[JobSpec, list[int], str] | None:
-    """Open the chunk: one statement on Postgres (``store.open_chunk``), a transaction on SQLite."""
-    if statement is None:
-        return tx(_open_chunk, chunk=chunk, holder=holder, settings=settings)
-    opened = statement(
-        store.open_chunk,
-        job_id=chunk.job_id,
-        holder=holder,
-        lease_s=settings.lease_s,
-        max_attempts=settings.max_attempts,
-        seq_range=chunk.seq_range,
-        item_ids=chunk.item_ids,
-    )
-    if opened is None or opened.status in TERMINAL_JOB_STATUSES:
-        return None
-    if opened.due:  # past its deadline: it ends now (nothing was leased)
-        tx(store.expire_due_jobs, job_id=chunk.job_id)
-        return None
-    return JobSpec.model_validate(opened.spec), opened.reserved, opened.queue
-
-
-def _close(
-    tx: Callable[..., Any],
-    statement: Callable[..., Any] | None,
-    *,
-    job_id: str,
-    holder: str,
-    let_go: list[int],
-    finished: Rows | None = None,
-    measured: store.ChunkMeasurements | None = None,
-    runner: JobRunner | None = None,
-    interrupted: bool = False,
-) -> set[int]:
-    """Close the chunk: write its last ``finished`` items, let go of those it did not run, add what
-    it measured to the job, end the job if it is over. On Postgres one statement (``store.close_chunk``),
-    one more to write what a speculative job derives from its new sums, and ``finalize_job`` only when
-    the job's counters add up; on SQLite a transaction (``_close_chunk``). Returns the ids written done."""
-    if runner is None:
-        measured = None
-    if statement is None:
-        assert not finished  # the item loop wrote them (``keep_last`` is for Postgres)
-        tx(
-            _close_chunk,
-            job_id=job_id,
-            item_ids=let_go,
-            holder=holder,
-            measured=measured,
-            runner=runner,
-            interrupted=interrupted,
-        )
-        return set()
-    closed = statement(
-        store.close_chunk,
-        job_id=job_id,
-        holder=holder,
-        finished=finished or [],
-        let_go=let_go,
-        interrupted=interrupted,
-        measured=measured,
-    )
-    if closed is None:
-        return set()
-    if closed.may_have_ended:
-        tx(store.finalize_job, job_id=job_id)
-    derived = _derive(closed, runner) if measured is not None and runner is not None else None
-    if derived is not None:
-        statement(store.record_derived, job_id=job_id, seen=closed, values=derived)
-    return closed.finished
 
 
 def _measured(runner: JobRunner, started: float) -> store.ChunkMeasurements | None:
@@ -261,23 +113,26 @@ def process_chunk(
 ) -> ChunkOutcome:
     """Generate every open item of the chunk (a range of the job's items, or a list of item ids);
     stop claiming if the job ends meanwhile, or the worker is asked to stop."""
-    tx = functools.partial(run_transaction, settings.database_url, retry_s=settings.db_retry_s, ping=False)
-    statement = (
-        functools.partial(run_statement, settings.database_url, retry_s=settings.db_retry_s)
-        if settings.database_url.startswith("postgresql")
-        else None
-    )
-    chunk = ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
+    chunk = store.ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
     holder = lease_holder(worker)
+    chunks = store.chunk_store(
+        settings.database_url,
+        job_id=job_id,
+        holder=holder,
+        lease_s=settings.lease_s,
+        max_attempts=settings.max_attempts,
+        retry_s=settings.db_retry_s,
+    )
+    tx = chunks.tx
     outcome = ChunkOutcome()
-    opened = _open(tx, statement, chunk=chunk, holder=holder, settings=settings)
+    opened = chunks.open(chunk)
     if opened is None:
         outcome.skipped, outcome.stopped = len(chunk), True
         return outcome
-    spec, mine, queue = opened
+    spec, mine, queue = opened.spec, opened.reserved, opened.queue
     outcome.skipped = len(chunk) - len(mine)  # final, or held by another live worker
     if not mine:  # the job may have ended with the items another worker finished
-        _close(tx, statement, job_id=job_id, holder=holder, let_go=[])
+        chunks.close(let_go=[])
         return outcome
     started = time.perf_counter()
     # The leases are renewed from here on: loading the models may take longer than a lease, but not
@@ -303,11 +158,8 @@ def process_chunk(
         renewal.beat()  # loaded: from here on, rounds
         context = ChunkContext(
             settings=settings,
-            job_id=job_id,
-            holder=holder,
             worker=worker,
-            tx=tx,
-            statement=statement,
+            chunks=chunks,
             stop_renewals=renewal.stop,
             beat=renewal.beat,
         )
@@ -315,22 +167,18 @@ def process_chunk(
         loop = ItemLoop(runner, context, outcome)
         with metered(runner.engine, outcome, **labels):
             try:
-                loop.run(mine, keep_last=statement is not None)  # the last group goes with the close
+                loop.run(mine, keep_last=chunks.keeps_last_group)  # the last group goes with the close
                 if isinstance(runner, JobRunner):
                     runner.keep_costs()  # what its rounds learnt, for the processes that follow
                 measured = _measured(runner, started)
                 renewal.stop()  # none after the close, which may end leases (a graceful stop)
                 last, loop.finished = loop.finished, []
                 try:
-                    done = _close(
-                        tx,
-                        statement,
-                        job_id=job_id,
-                        holder=holder,
+                    done = chunks.close(
                         let_go=[i for i in mine if i not in loop.claimed or i in loop.alone],  # held pending
                         finished=last,
                         measured=measured,
-                        runner=runner,
+                        derive=functools.partial(_derive, runner=runner),
                         interrupted=outcome.interrupted,
                     )
                 except Exception:

@@ -3,9 +3,10 @@
 Every job, every batch size (1 included), every mode runs here. Items are claimed a group at a time
 (one UPDATE … RETURNING: an attempt each, fenced) as the engine frees rows for them (at least a
 quarter of the batch, or all it has when it runs dry), then decoded in the batch; the rows that
-finished are written with the next claim (one statement on Postgres; the last group's with the
-chunk's close), so the bookkeeping costs a round trip per group, not per item. Sampled greedy items
-of a speculative job also get a twin row decoded without drafts (the lossless check).
+finished are written with the next claim (``ChunkStore.write_and_claim``: one statement on Postgres,
+the last group's with the chunk's close), so the bookkeeping costs a round trip per group, not per
+item. Sampled greedy items of a speculative job also get a twin row decoded without drafts (the
+lossless check).
 
 Faults: an item whose prompt cannot be decoded here (too long for the context) fails alone. If a
 round raises, the batch is lost: its items go back (their try counted) and run one at a time after
@@ -24,17 +25,13 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
-
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome
+from genjob.constants import AttemptOutcome
 from genjob.generation.requests import Finished
 from genjob.settings import Settings
-from genjob.store.items import ClaimedItem
-from genjob.tables import Job
+from genjob.store.chunks import Rows
+from genjob.store.claims import ClaimedItem
 from genjob.worker.chunk_context import ChunkContext, ChunkOutcome
 from genjob.worker.health import stopping
 from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, result_row
@@ -45,17 +42,11 @@ MAX_RETRY_BACKOFF_S = 60.0
 JOB_CHECK_EVERY_S = 1.0
 WRITE_EVERY_S = 1.0  # finished rows wait at most this long for the next claim's transaction
 DROPPED = "job %s item %s: finished after its lease was taken over; result dropped"
-Rows = list[tuple[ClaimedItem, dict[str, Any]]]  # finished items and their result rows
-Claimed = list[ClaimedItem] | store.Refused
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
     """Backoff before try ``attempts + 1``: retry_backoff_s, then doubling, at most a minute."""
     return min(settings.retry_backoff_s * 2 ** (attempts - 1), MAX_RETRY_BACKOFF_S)
-
-
-def _job_ended(session: Session, *, job_id: str) -> bool:
-    return session.scalar(select(Job.status).where(Job.id == job_id)) in TERMINAL_JOB_STATUSES
 
 
 @dataclass
@@ -91,16 +82,13 @@ class ItemLoop:
     # --- writing and claiming, one transaction ----------------------------------------------------------
     def _sync(self, claim: list[int]) -> list[ClaimedItem]:
         """Write what finished; claim ``claim`` (the items the job still has and that nobody else holds)."""
-        context, finished, failed = self.context, self.finished, self.failed
+        finished, failed = self.finished, self.failed
         self.finished, self.failed, self.written_at = [], [], time.monotonic()
         if not (finished or failed or claim):
             return []
-        if context.statement is not None and not failed:
-            done, gone, claimed = self._finish_and_claim(finished, claim)
-        else:
-            done, gone, claimed = context.tx(
-                store.write_and_claim, finished=finished, failed=failed, claim=claim, **self._scope()
-            )
+        done, gone, claimed = self.context.chunks.write_and_claim(
+            finished=finished, failed=failed, claim=claim
+        )
         self.written(finished, done, gone)
         if claimed is store.Refused.JOB_ENDED:
             self.outcome.stopped = True
@@ -119,28 +107,6 @@ class ItemLoop:
             if item.id not in done:
                 log.warning(DROPPED, item.job_id, item.seq)
 
-    def _finish_and_claim(self, finished: Rows, claim: list[int]) -> tuple[set[int], set[int], Claimed]:
-        """``store.write_and_claim`` in one statement and one round trip (Postgres, nothing failed)."""
-        context = self.context
-        assert context.statement is not None
-        result = context.statement(store.finish_and_claim, finished=finished, claim=claim, **self._scope())
-        if claim and not result.claimed and result.job_ended:
-            if result.due:  # past its deadline: expire it now, as a claim in a transaction would
-                context.tx(store.expire_due_jobs, job_id=context.job_id)
-            return result.done, set(), store.Refused.JOB_ENDED
-        claimed = [ClaimedItem(job_id=context.job_id, started_at=result.now, **row) for row in result.claimed]
-        return result.done, set(), claimed
-
-    def _scope(self) -> dict[str, Any]:
-        """Who claims and writes, and how: the arguments of every group write and claim."""
-        context = self.context
-        return {
-            "job_id": context.job_id,
-            "holder": context.holder,
-            "lease_s": context.settings.lease_s,
-            "max_attempts": context.settings.max_attempts,
-        }
-
     def _write(self) -> None:  # what finished, without a claim
         self._sync([])
 
@@ -156,14 +122,14 @@ class ItemLoop:
 
     # --- the batched loop ------------------------------------------------------------------------------
     def _batched(self, todo: deque[int]) -> None:
-        engine, tx, job_id = self.runner.engine, self.context.tx, self.context.job_id
+        engine = self.runner.engine
         checked = time.monotonic()
         while todo or engine.busy:
             if stopping() and self._stop_now(todo):
                 return
             if todo and time.monotonic() - checked > JOB_CHECK_EVERY_S:
                 checked = time.monotonic()
-                if tx(_job_ended, job_id=job_id):
+                if self.context.chunks.job_ended():
                     self.outcome.stopped = True
             if self.outcome.stopped:
                 self.outcome.skipped += len(todo)

@@ -33,7 +33,7 @@ from genjob.generation.proposers import PromptLookup, Proposer
 from genjob.generation.requests import Finished, Request, StopCheck
 from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.store.items import ClaimedItem
+from genjob.store.claims import ClaimedItem
 from genjob.worker import cost_cache
 from genjob.worker.cost_cache import cost_file, costs_for
 

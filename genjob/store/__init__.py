@@ -1,14 +1,13 @@
 """The store: every SQL statement on jobs, items, results and attempts, as keyword-only functions
-taking a Session (``jobs``: whole jobs; ``items``: item transitions, set-based, ``finishing`` their
-one-statement form on Postgres, ``chunk_ends`` a chunk's opening and closing alike; ``leases``: who
-holds an item; ``queued``: what a job has queued).
+taking a Session (``jobs``: whole jobs; ``items``: item transitions, set-based; ``leases``: who
+holds an item; ``queued``: what a job has queued; ``openai_batches``: the Batches API's reads), and
+a worker's chunk bookkeeping with its backends inside (``chunks``: transactions everywhere,
+``postgres_groups`` and ``postgres_chunk_ends`` its one-statement forms on Postgres).
 Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
-from genjob.store.chunk_ends import ClosedChunk, OpenedChunk, close_chunk, open_chunk, record_derived
-from genjob.store.finishing import finish_and_claim
+from genjob.store.chunks import ChunkRef, ChunkStore, OpenedChunk, chunk_store
+from genjob.store.claims import ClaimedItem, Refused
 from genjob.store.items import (
-    ClaimedItem,
-    Refused,
     claim_items,
     count_a_try_and_let_go,
     fail_items,
@@ -34,6 +33,8 @@ from genjob.store.jobs import (
     record_chunk,
     retry_failed_items,
 )
+from genjob.store.postgres_chunk_ends import ClosedChunk, close_chunk, open_chunk, record_derived
+from genjob.store.postgres_groups import finish_and_claim
 from genjob.store.queued import (
     live_jobs_with_pending_items,
     pending_item_chunks,
@@ -46,12 +47,15 @@ from genjob.store.queued import (
 
 __all__ = [
     "ChunkMeasurements",
+    "ChunkRef",
+    "ChunkStore",
     "ClaimedItem",
     "ClosedChunk",
     "JobNotFound",
     "OpenedChunk",
     "Refused",
     "cancel_job",
+    "chunk_store",
     "claim_items",
     "close_chunk",
     "count_a_try_and_let_go",

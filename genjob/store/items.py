@@ -16,9 +16,7 @@ whose worker died is written by the sweeper as ``lost`` from the item's own ``st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import case, insert, or_, select, tuple_, update
@@ -26,36 +24,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus
-from genjob.store.finishing import SUMMED, finish_on_postgres
+from genjob.store.claims import CLAIMED_COLUMNS, ClaimedItem, Refused
 from genjob.store.jobs import expire_due_jobs
 from genjob.store.leases import as_utc, gave_up_error, lease_is_free, unindexed_eq
+from genjob.store.postgres_groups import SUMMED, finish_on_postgres
 from genjob.tables import Attempt, Item, Job, Result, utcnow
-
-
-class Refused(StrEnum):
-    """Why ``claim_items`` claimed nothing at all."""
-
-    JOB_ENDED = "job ended"  # its job was cancelled, failed or expired: the chunk stops
-
-
-@dataclass(frozen=True)
-class ClaimedItem:
-    """What a worker needs of an item it claimed: its prompt, and the fence it must finish with."""
-
-    id: int
-    job_id: str
-    seq: int
-    prompt: str
-    max_new_tokens: int | None
-    attempts: int
-    fence: int
-    started_at: datetime
-    error: str | None = None  # the last try's error, if any
-    # The line's own sampling settings (OpenAI batch lines); None: the job's.
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: list[str] | None = None
 
 
 def give_up_exhausted(
@@ -139,42 +112,12 @@ def claim_items(
             claimed_by=worker,
             lease_expires_at=now + timedelta(seconds=lease_s),
         )
-        .returning(
-            Item.id,
-            Item.job_id,
-            Item.seq,
-            Item.prompt,
-            Item.max_new_tokens,
-            Item.attempts,
-            Item.fence,
-            Item.error,
-            Item.temperature,
-            Item.top_p,
-            Item.seed,
-            Item.stop,
-        )
+        .returning(*(getattr(Item, name) for name in CLAIMED_COLUMNS))
     ).all()
     if not rows and not _job_is_live(session, job_id=job_id, now=now):
         return Refused.JOB_ENDED
     order = {item_id: index for index, item_id in enumerate(item_ids)}
-    claimed = [
-        ClaimedItem(
-            id=row.id,
-            job_id=row.job_id,
-            seq=row.seq,
-            prompt=row.prompt,
-            max_new_tokens=row.max_new_tokens,
-            attempts=row.attempts,
-            fence=row.fence,
-            started_at=now,
-            error=row.error,
-            temperature=row.temperature,
-            top_p=row.top_p,
-            seed=row.seed,
-            stop=row.stop,
-        )
-        for row in rows
-    ]
+    claimed = [ClaimedItem(job_id=job_id, started_at=now, **row._mapping) for row in rows]
     return sorted(claimed, key=lambda item: order[item.id])
 
 

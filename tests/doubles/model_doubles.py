@@ -33,7 +33,7 @@ from genjob.generation.engine_stats import EngineStats
 from genjob.generation.requests import Finished, Request, RowStats
 from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.store.items import ClaimedItem
+from genjob.store.claims import ClaimedItem
 
 DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while|hang-once)=(\S+)|\b(poison)\b")
 

@@ -140,7 +140,7 @@ def test_hot_path_statements_reach_items_by_key_not_by_every_pending_item(pg_url
             max_attempts=3,
         )
         connection.commit()
-        # a chunk's open and close (store.chunk_ends)
+        # a chunk's open and close (store.postgres_chunk_ends)
         opened = store.open_chunk(
             connection, job_id=job_id, holder="w/1", lease_s=10, max_attempts=3, seq_range=(600, 664)
         )

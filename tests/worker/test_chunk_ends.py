@@ -18,6 +18,7 @@ from store_helpers import RESULT, end_jobs_left_open, new_job  # noqa: F401 (a f
 from genjob import store
 from genjob.db import get_engine, run_statement, run_transaction, session_scope
 from genjob.settings import Settings
+from genjob.store import chunks as chunk_stores
 from genjob.tables import Attempt, Item, Job, utcnow
 from genjob.worker import chunks, leasing
 
@@ -178,7 +179,7 @@ def test_close_writes_the_last_group_lets_go_and_adds_what_was_measured_as_recor
     assert closed.finished == set(mine[:2]) and (closed.done, closed.failed, closed.total) == (2, 0, 4)
     assert not closed.may_have_ended  # two items still pending
     job, expected = job_row(pg_url, job_id), job_row(pg_url, twin)
-    for name in (*store.chunk_ends.SUMS, *store.chunk_ends.HISTOGRAMS, "draft_tokens"):
+    for name in (*store.postgres_chunk_ends.SUMS, *store.postgres_chunk_ends.HISTOGRAMS, "draft_tokens"):
         assert getattr(job, name) == getattr(expected, name), name
     assert job.gamma_hist == {"2": 3, "4": 3, "6": 1} and closed.gamma_hist == job.gamma_hist
     assert job.drafts_hist == {"0": 2, "2": 6, "4": 6, "6": 2} and closed.drafts_hist == job.drafts_hist
@@ -222,15 +223,11 @@ def test_the_close_whose_counters_add_up_ends_the_job(pg_url: str) -> None:
     claimed = run_transaction(
         pg_url, store.claim_items, job_id=job_id, item_ids=mine, worker="w/1", lease_s=30, max_attempts=3
     )
-    tx = lambda fn, **kw: run_transaction(pg_url, fn, **kw)  # noqa: E731
-    statement = lambda fn, **kw: run_statement(pg_url, fn, **kw)  # noqa: E731
-    done = chunks._close(
-        tx, statement, job_id=job_id, holder="w/1", let_go=[], finished=[(claimed[0], RESULT)]
-    )
+    chunk = store.chunk_store(pg_url, job_id=job_id, holder="w/1", lease_s=30, max_attempts=3, retry_s=0)
+    assert chunk.keeps_last_group
+    done = chunk.close(let_go=[], finished=[(claimed[0], RESULT)])
     assert done == {mine[0]} and job_row(pg_url, job_id).status == "running"
-    done = chunks._close(
-        tx, statement, job_id=job_id, holder="w/1", let_go=[], finished=[(claimed[1], RESULT)]
-    )
+    done = chunk.close(let_go=[], finished=[(claimed[1], RESULT)])
     job = job_row(pg_url, job_id)
     assert done == {mine[1]} and job.status == "completed" and job.finished_at is not None
 
@@ -280,7 +277,7 @@ def test_a_close_that_fails_is_this_workers_fault_its_last_group_written_or_trie
     def broken(*_args, **_kwargs) -> None:
         raise RuntimeError("the close broke")
 
-    monkeypatch.setattr(store, "close_chunk", broken)
+    monkeypatch.setattr(chunk_stores, "close_chunk", broken)
     with pytest.raises(chunks.WorkerFault, match="the close broke"):
         chunks.process_chunk(settings=settings, job_id=job_id, worker="w", seq_range=(0, 32))
     with session_scope(pg_url) as session:

@@ -1,9 +1,9 @@
-"""Postgres: a chunk opened and closed in one statement each (data-modifying CTEs, run in autocommit).
+"""Postgres only: a chunk opened and closed in one statement each (data-modifying CTEs, run in autocommit).
 
 Opening (``open_chunk``) reads the job, marks it running if it was queued and leases the chunk's
 pending items to the worker (failing those that used every try), as ``leases.reserve_items`` and
 ``jobs.mark_job_running`` do in a transaction; closing (``close_chunk``) writes the chunk's last
-finished items (as ``finishing`` does), gives back the items the chunk did not run and adds the
+finished items (as ``postgres_groups`` does), gives back the items the chunk did not run and adds the
 engine's measurements to the job, as ``leases.release_reservations`` / ``end_leases`` and
 ``jobs.record_chunk`` do, and says whether the job may have ended (its counters add up), the one
 case where the caller asks ``jobs.finalize_job``. One round trip each, no BEGIN or COMMIT; the job's
@@ -25,9 +25,9 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text, update
 
 from genjob.constants import TERMINAL_JOB_STATUSES
-from genjob.store.finishing import COUNTED, ENDED, FINISHED_CTES, finished_params
 from genjob.store.jobs import ChunkMeasurements
 from genjob.store.leases import gave_up_error, ids_in_range, lease_is_free
+from genjob.store.postgres_groups import COUNTED, ENDED, FINISHED_CTES, finished_params
 from genjob.tables import Item, Job, utcnow
 
 # The leases' own conditions (``leases``), rendered once into this statement's text.
@@ -69,7 +69,7 @@ OPEN_BY_IDS = text(_OPEN.format(ended=ENDED, scope=_BY_IDS, free=_FREE, gave_up_
 
 
 @dataclass(frozen=True)
-class OpenedChunk:
+class OpenedOnPostgres:
     """The job (its status before the statement; ``due``: past its deadline, not yet expired), its spec
     and queue, and the chunk's items now leased to the worker, in ``seq`` order (none if it ended)."""
 
@@ -94,7 +94,7 @@ def open_chunk(
     seq_range: tuple[int, int] | None = None,
     item_ids: Sequence[int] | None = None,
     now: datetime | None = None,
-) -> OpenedChunk | None:
+) -> OpenedOnPostgres | None:
     """Open a chunk of ``job_id`` (its ``seq_range`` [start, stop), or its ``item_ids``) for ``holder``
     in one statement; None if there is no such job. Nothing is leased if the job ended or is due."""
     now = now or utcnow()
@@ -115,7 +115,7 @@ def open_chunk(
     row = connection.execute(statement, params).one_or_none()
     if row is None:
         return None
-    return OpenedChunk(row.status, bool(row.due), row.spec, row.queue, list(row.reserved))
+    return OpenedOnPostgres(row.status, bool(row.due), row.spec, row.queue, list(row.reserved))
 
 
 HISTOGRAMS = ("gamma_hist", "drafts_hist")  # merged key by key, as ``jobs.merged`` does
@@ -135,33 +135,6 @@ def _merged(column: str) -> str:
 
 _MERGE_HISTOGRAMS = ", ".join(
     f"{name} = CASE WHEN :measured THEN {_merged(name)} ELSE jobs.{name} END" for name in HISTOGRAMS
-)
-_JOB_COLUMNS = (
-    *("status", "done", "failed", "total", *HISTOGRAMS, "decode_rows", "decode_rounds"),
-    *("draft_accepted", "draft_rejections", "busy_seconds"),
-)
-# The job's row is read from the UPDATE (the newest version, under its lock, with every finish that
-# committed before), or as the statement found it when nothing changed it.
-CLOSE = text(
-    f"""{FINISHED_CTES}, let_go AS (  -- the items it did not run: unleased, or their leases ended now
-    UPDATE items SET claimed_by = CASE WHEN :interrupted THEN items.claimed_by END,
-        lease_expires_at = CASE WHEN :interrupted THEN CAST(:now AS timestamptz) END
-    WHERE items.id = ANY(CAST(:let_go AS bigint[])) AND items.claimed_by = :holder
-      AND (items.status IS NOT DISTINCT FROM 'pending'
-           OR (:interrupted AND items.status IS NOT DISTINCT FROM 'running'))
-), job AS (
-    UPDATE jobs SET {COUNTED},
-        {", ".join(f"{name} = jobs.{name} + :{name}" for name in SUMS)},
-        {_MERGE_HISTOGRAMS},
-        draft_tokens = coalesce(:draft_tokens, jobs.draft_tokens)
-    FROM summed WHERE jobs.id = :job_id AND (:measured OR summed.n > 0)
-    RETURNING {", ".join(f"jobs.{name}" for name in _JOB_COLUMNS)}
-)
-SELECT (SELECT coalesce(json_agg(id), '[]') FROM moved) AS finished, job_row.*
-FROM (SELECT * FROM job
-      UNION ALL SELECT {", ".join(_JOB_COLUMNS)} FROM jobs WHERE id = :job_id AND NOT EXISTS (SELECT FROM job)
-) AS job_row
-"""
 )
 
 
@@ -189,6 +162,32 @@ class ClosedChunk:
         """Every item of the live job is counted done or failed (counted under the job's row lock
         by whoever finished it): ``jobs.finalize_job`` ends it if none is open."""
         return self.status not in TERMINAL_JOB_STATUSES and self.done + self.failed >= self.total
+
+
+_JOB_COLUMNS = tuple(name for name in ClosedChunk.__dataclass_fields__ if name != "finished")
+# The job's row is read from the UPDATE (the newest version, under its lock, with every finish that
+# committed before), or as the statement found it when nothing changed it.
+CLOSE = text(
+    f"""{FINISHED_CTES}, let_go AS (  -- the items it did not run: unleased, or their leases ended now
+    UPDATE items SET claimed_by = CASE WHEN :interrupted THEN items.claimed_by END,
+        lease_expires_at = CASE WHEN :interrupted THEN CAST(:now AS timestamptz) END
+    WHERE items.id = ANY(CAST(:let_go AS bigint[])) AND items.claimed_by = :holder
+      AND (items.status IS NOT DISTINCT FROM 'pending'
+           OR (:interrupted AND items.status IS NOT DISTINCT FROM 'running'))
+), job AS (
+    UPDATE jobs SET {COUNTED},
+        {", ".join(f"{name} = jobs.{name} + :{name}" for name in SUMS)},
+        {_MERGE_HISTOGRAMS},
+        draft_tokens = coalesce(:draft_tokens, jobs.draft_tokens)
+    FROM summed WHERE jobs.id = :job_id AND (:measured OR summed.n > 0)
+    RETURNING {", ".join(f"jobs.{name}" for name in _JOB_COLUMNS)}
+)
+SELECT (SELECT coalesce(json_agg(id), '[]') FROM moved) AS finished, job_row.*
+FROM (SELECT * FROM job
+      UNION ALL SELECT {", ".join(_JOB_COLUMNS)} FROM jobs WHERE id = :job_id AND NOT EXISTS (SELECT FROM job)
+) AS job_row
+"""
+)
 
 
 def close_chunk(

@@ -1,4 +1,4 @@
-"""Postgres: a whole group of finished items recorded in one statement (data-modifying CTEs).
+"""Postgres only: a whole group of finished items recorded in one statement (data-modifying CTEs).
 
 The fenced move to ``done``, an attempt row each (``superseded`` where the fence moved on), the
 results upserted and the job's sums, from one JSON parameter: one round trip for the group. The item
@@ -18,26 +18,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from genjob.constants import TERMINAL_JOB_STATUSES
-from genjob.tables import utcnow
+from genjob.store.claims import CLAIMED_COLUMNS
+from genjob.tables import RESULT_FIELDS, Result, utcnow
 
 SUMMED = ("new_tokens", "target_rounds", "draft_proposed", "draft_accepted", "draft_rejections")
+# The result columns (``tables.RESULT_FIELDS``) and their Postgres types, for ``jsonb_to_recordset``.
 RESULT_COLUMNS = {
-    "output": "text",
-    "finish_reason": "text",
-    "mode": "text",
-    "prompt_tokens": "int",
-    "new_tokens": "int",
-    "target_rounds": "int",
-    "draft_proposed": "int",
-    "draft_accepted": "int",
-    "draft_rejections": "int",
-    "gamma_mean": "float8",
-    "latency_s": "float8",
-    "lossless_match": "bool",
-    "worker": "text",
+    name: Result.__table__.columns[name].type.compile(dialect=postgresql.dialect())  # type: ignore[no-untyped-call]
+    for name in RESULT_FIELDS
 }
 # Postgres: a group's whole finish in one statement (data-modifying CTEs): the fenced move to done,
 # an attempt row each, the results upserted and the job's sums, from one JSON parameter.
@@ -79,10 +71,6 @@ _COUNT = f"""
     UPDATE jobs SET {COUNTED}
     FROM summed WHERE jobs.id = :job_id"""
 FINISH_ON_POSTGRES = text(f"{FINISHED_CTES}, counted AS ({_COUNT} AND summed.n > 0)\nSELECT id FROM moved")
-CLAIMED_COLUMNS = (
-    *("id", "seq", "prompt", "max_new_tokens", "attempts", "fence", "error"),
-    *("temperature", "top_p", "seed", "stop"),
-)
 ENDED = ", ".join(f"'{status}'" for status in sorted(TERMINAL_JOB_STATUSES))
 # The same, then the next group claimed (what store.items.claim_items does, fenced alike). The job's
 # row is updated (its sums; +0 when nothing finished) before any item is claimed and its status read
