@@ -1,8 +1,11 @@
-"""Errors as JSON with one stable shape, whatever raised them.
+"""Errors as JSON with one stable shape per family of routes, whatever raised them.
 
-Every error response is ``{"error": {"code": "...", "message": "...", "details": [...]}}``: ``code``
-is a fixed machine-readable string, ``message`` a sentence for people, and ``details`` lists the
-individual problems, each with the input ``line`` and/or ``field`` it concerns where there is one.
+On the native routes every error response is ``{"error": {"code": "...", "message": "...", "details":
+[...]}}``: ``code`` is a fixed machine-readable string, ``message`` a sentence for people, and
+``details`` lists the individual problems, each with the input ``line`` and/or ``field`` it concerns
+where there is one. The OpenAI-compatible routes (``/v1/files``, ``/v1/batches``) answer OpenAI's
+shape instead, ``{"error": {"message", "type", "param", "code"}}`` (``api.openai_errors``), the field
+at fault in ``param``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ExceptionHandler
 
+from genjob.api.openai_errors import (
+    OpenAIErrorInfo,
+    OpenAIErrorResponse,
+    is_openai_path,
+    openai_error,
+    openai_status,
+    validation_error,
+)
 from genjob.catalog import JobOptionsError
 from genjob.formats.lines import InputFileError
 from genjob.options import JobOptions
@@ -54,13 +65,16 @@ class ApiError(Exception):
         *,
         details: Sequence[ErrorDetail] = (),
         headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
+        """``param``: the field at fault, for OpenAI's shape (default: the first detail's field)."""
         super().__init__(message)
         self.status_code = status_code
         self.code = code
         self.message = message
         self.details = list(details)
         self.headers = headers
+        self.param = param or next((d.field for d in self.details if d.field), None)
 
     @classmethod
     def invalid_input(cls, exc: InputFileError) -> ApiError:
@@ -99,8 +113,28 @@ HTTP_CODES = {
 }
 
 
-async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-    return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+def _answer(
+    request: Request,
+    status_code: int,
+    code: str,
+    message: str,
+    details: Sequence[ErrorDetail] = (),
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
+    openai: OpenAIErrorInfo | None = None,
+) -> JSONResponse:
+    """The error in the shape of the route's family: OpenAI's on its routes, genjob's elsewhere."""
+    if not is_openai_path(request.url.path):
+        return error_response(status_code, code, message, details, headers)
+    param = param or next((detail.field for detail in details if detail.field), None)
+    info = openai or openai_error(status_code, code, message, param)
+    body = OpenAIErrorResponse(error=info).model_dump(mode="json")
+    return JSONResponse(body, status_code=openai_status(status_code), headers=headers)
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return _answer(request, exc.status_code, exc.code, exc.message, exc.details, exc.headers, param=exc.param)
 
 
 def _job_option_errors(errors: Sequence[Any]) -> JobOptionsError | None:
@@ -120,7 +154,9 @@ def _job_option_errors(errors: Sequence[Any]) -> JobOptionsError | None:
     return JobOptionsError.of(option_errors)
 
 
-async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if is_openai_path(request.url.path):
+        return _answer(request, 400, "invalid_request", "", openai=validation_error(exc.errors()))
     options_error = _job_option_errors(exc.errors())
     if options_error is not None:
         detail = ErrorDetail(message=str(options_error), field=options_error.field)
@@ -133,20 +169,20 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
     return error_response(422, "invalid_request", "the request's parameters are invalid", details)
 
 
-async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-    return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+    return _answer(request, exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
 
 async def _client_gone(request: Request, _exc: ClientDisconnect) -> JSONResponse:
     log.info("client hung up during %s %s", request.method, request.url.path)
-    return error_response(400, "client_disconnected", "the client hung up before the body was complete")
+    return _answer(request, 400, "client_disconnected", "the client hung up before the body was complete")
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal_error", "internal server error")
+    return _answer(request, 500, "internal_error", "internal server error")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -165,3 +201,11 @@ def install_error_handlers(app: FastAPI) -> None:
 def error_responses(*statuses: int) -> dict[int | str, dict]:
     """OpenAPI ``responses`` documenting the error shape for these statuses."""
     return {status: {"model": ErrorResponse, "description": HTTPStatus(status).phrase} for status in statuses}
+
+
+def openai_error_responses(*statuses: int) -> dict[int | str, dict]:
+    """The same for the OpenAI-compatible routes, whose errors have OpenAI's shape."""
+    return {
+        status: {"model": OpenAIErrorResponse, "description": HTTPStatus(status).phrase}
+        for status in statuses
+    }

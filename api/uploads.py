@@ -193,6 +193,7 @@ async def _spool_multipart(
                 422,
                 "invalid_request",
                 f"unexpected form field {unexpected[0]!r}: send the file part '{UPLOAD_FIELD}' ({wanted})",
+                param=unexpected[0][:64],
             )
         upload = form.get(UPLOAD_FIELD)
         if not isinstance(upload, UploadFile):
@@ -201,6 +202,7 @@ async def _spool_multipart(
                 "invalid_request",
                 f"the multipart body needs a file part named '{UPLOAD_FIELD}' "
                 f"(curl -F {UPLOAD_FIELD}=@prompts.jsonl)",
+                param=UPLOAD_FIELD,
             )
         if upload.size is not None and upload.size > limit:
             raise _too_large(limit)

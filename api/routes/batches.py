@@ -3,7 +3,8 @@
 Create from an uploaded file (``input_file_id``), read, list (``after``, ``limit``), cancel. Objects,
 status names, ``request_counts``, ``errors`` and the output and error files as OpenAI documents them.
 ``Idempotency-Key`` makes a create retry-safe; so does the SDK's own retry header without one.
-Only your API key's batches are visible: another key's answer 404.
+Only your API key's batches are visible: another key's answer 404. Errors have OpenAI's shape
+(``api.openai_errors``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from genjob import batch_files
 from genjob import batches as service
 from genjob.api.deps import CallerDep, SessionDep, SettingsDep
-from genjob.api.errors import ApiError, ErrorDetail, error_responses
+from genjob.api.errors import ApiError, ErrorDetail, openai_error_responses
 from genjob.api.quota import check_quota
 from genjob.api.routes.jobs import IdempotencyKeyHeader, enqueue_chunks
 from genjob.constants import OpenAIEndpoint
@@ -27,7 +28,7 @@ from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.store.idempotency import IdempotencyConflict
 
-router = APIRouter(prefix="/v1/batches", tags=["openai"], responses=error_responses(401, 403, 422))
+router = APIRouter(prefix="/v1/batches", tags=["openai"], responses=openai_error_responses(400, 401, 403))
 
 
 class BatchCreate(BaseModel):
@@ -63,8 +64,8 @@ def _read(settings: Settings, batch_id: str, owner: str | None) -> dict[str, Any
         return service.batch_object(session, service.get_batch(session, batch_id=batch_id, owner=owner))
 
 
-def _not_found(exc: LookupError) -> ApiError:
-    return ApiError(404, "not_found", str(exc))
+def _not_found(exc: LookupError, param: str | None = None) -> ApiError:
+    return ApiError(404, "not_found", str(exc), param=param)
 
 
 def _job_of(settings: Settings, batch_id: str) -> str | None:
@@ -75,7 +76,7 @@ def _job_of(settings: Settings, batch_id: str) -> str | None:
 @router.post(
     "",
     summary="Create a batch from an uploaded file of requests",
-    responses=error_responses(400, 404, 409, 429, 503),
+    responses=openai_error_responses(400, 404, 409, 429, 503),
 )
 async def create_batch(
     body: BatchCreate,
@@ -144,7 +145,7 @@ def list_batches(
     try:
         rows, more = service.list_batches(session, owner=caller.scope, after=after, limit=limit)
     except service.BatchNotFound as exc:
-        raise _not_found(exc) from exc
+        raise _not_found(exc, "after") from exc
     data = [service.batch_object(session, batch) for batch in rows]
     for number, batch in enumerate(rows):  # a job that has just ended: its files first, as _read does
         if data[number]["status"] in ("finalizing", "cancelling"):
@@ -166,7 +167,7 @@ def get_batch(batch_id: str, settings: SettingsDep, caller: CallerDep) -> dict[s
         raise _not_found(exc) from exc
 
 
-@router.post("/{batch_id}/cancel", summary="Cancel a batch", responses=error_responses(404, 409))
+@router.post("/{batch_id}/cancel", summary="Cancel a batch", responses=openai_error_responses(404, 409))
 def cancel_batch(
     batch_id: str, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> dict[str, Any]:

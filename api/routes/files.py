@@ -2,7 +2,7 @@
 
 Shapes as OpenAI documents them (``FileObject``, cursor pages with ``after``/``has_more``); content is
 stored in the database (``genjob.store.files``), so every API replica sees the same files. Only your
-API key's files are visible: another key's answer 404.
+API key's files are visible: another key's answer 404. Errors have OpenAI's shape (``api.openai_errors``).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from genjob.api.deps import CallerDep, SessionDep, SettingsDep
-from genjob.api.errors import ApiError, error_responses
+from genjob.api.errors import ApiError, openai_error_responses
 from genjob.api.uploads import spooled_upload
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.tables import File
 
-router = APIRouter(prefix="/v1/files", tags=["openai"], responses=error_responses(401, 403, 422))
+router = APIRouter(prefix="/v1/files", tags=["openai"], responses=openai_error_responses(400, 401, 403))
 
 UPLOAD_BODY = {
     "required": True,
@@ -79,8 +79,8 @@ class FileDeleted(BaseModel):
     deleted: bool = True
 
 
-def _not_found(exc: file_store.FileNotFound) -> ApiError:
-    return ApiError(404, "not_found", str(exc))
+def _not_found(exc: file_store.FileNotFound, param: str | None = None) -> ApiError:
+    return ApiError(404, "not_found", str(exc), param=param)
 
 
 def _store_upload(settings: Settings, owner: str, filename: str, stream: Any) -> File:
@@ -97,7 +97,7 @@ def _store_upload(settings: Settings, owner: str, filename: str, stream: Any) ->
 @router.post(
     "",
     summary="Upload a file (purpose batch): the requests of a batch, one JSON line each",
-    responses=error_responses(400, 408, 413, 415, 503),
+    responses=openai_error_responses(400, 408, 413, 415, 503),
     openapi_extra={"requestBody": UPLOAD_BODY},
 )
 async def create_file(request: Request, settings: SettingsDep, caller: CallerDep) -> FileOut:
@@ -116,6 +116,7 @@ async def create_file(request: Request, settings: SettingsDep, caller: CallerDep
                 400,
                 "invalid_request",
                 f"purpose must be 'batch' (the only one served here), not {purpose!r}",
+                param="purpose",
             )
         file = await run_in_threadpool(_store_upload, settings, caller.owner, upload.source, upload.file.file)
     return FileOut.of(file)
@@ -135,7 +136,7 @@ def list_files(
         try:
             mark = file_store.get_file(session, file_id=after, owner=caller.scope)
         except file_store.FileNotFound as exc:
-            raise _not_found(exc) from exc
+            raise _not_found(exc, "after") from exc
     rows = file_store.list_files(
         session,
         owner=caller.scope,
@@ -153,7 +154,7 @@ def list_files(
     )
 
 
-@router.get("/{file_id}", summary="A file's details", responses=error_responses(404))
+@router.get("/{file_id}", summary="A file's details", responses=openai_error_responses(404))
 def get_file(file_id: str, session: SessionDep, caller: CallerDep) -> FileOut:
     try:
         return FileOut.of(file_store.get_file(session, file_id=file_id, owner=caller.scope))
@@ -170,7 +171,7 @@ def _content(settings: Settings, file_id: str) -> Iterator[bytes]:
     "/{file_id}/content",
     summary="A file's content",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(404)},
+    responses={200: {"content": {"application/octet-stream": {}}}, **openai_error_responses(404)},
 )
 def file_content(
     file_id: str, session: SessionDep, settings: SettingsDep, caller: CallerDep
@@ -185,7 +186,7 @@ def file_content(
     )
 
 
-@router.delete("/{file_id}", summary="Delete a file", responses=error_responses(404))
+@router.delete("/{file_id}", summary="Delete a file", responses=openai_error_responses(404))
 def delete_file(file_id: str, session: SessionDep, caller: CallerDep) -> FileDeleted:
     try:
         file = file_store.get_file(session, file_id=file_id, owner=caller.scope)
