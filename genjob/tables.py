@@ -349,6 +349,11 @@ class File(Base):
     job_id: Mapped[str | None] = mapped_column(
         ForeignKey("jobs.id", ondelete="CASCADE"), comment="For a batch's output: its job."
     )
+    deleted_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="When a batch's output or error file was deleted: the row stays, without content, so "
+        "the file is never written again and its batch still names it.",
+    )
 
 
 class FileChunk(Base):

@@ -2,8 +2,11 @@
 
 A file is a row of ``files`` (owner, purpose, name, size, sha256) and its content in ``file_chunks``,
 blocks of at most ``BLOCK_BYTES`` written and read one at a time: memory stays flat for any size.
-These four functions (``put_file``, ``iter_content``, ``delete_file``, plus the reads) are the whole
-interface the API uses, the seam where object storage would go. Must not know: Celery, torch, HTTP.
+Deleting an upload removes it; deleting a batch's output or error file removes its content and keeps
+its row, marked ``deleted_at``, so that it is never written again and its batch still names it (as
+OpenAI's do): to every read it is gone. These four functions (``put_file``, ``iter_content``,
+``delete_file``, plus the reads) are the whole interface the API uses, the seam where object storage
+would go. Must not know: Celery, torch, HTTP.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from genjob.echo import echoed
-from genjob.tables import File, FileChunk
+from genjob.tables import File, FileChunk, utcnow
 
 BLOCK_BYTES = 1 << 20
 
@@ -77,9 +80,10 @@ def put_file(
 
 
 def get_file(session: Session, *, file_id: str, owner: str | None = None) -> File:
-    """The file with this id; with ``owner``, only if that owner's (else FileNotFound, as if absent)."""
+    """The file with this id; with ``owner``, only if that owner's (else FileNotFound, as if absent; a
+    deleted one too)."""
     file = session.get(File, file_id)
-    if file is None or owner not in (None, file.owner):
+    if file is None or file.deleted_at is not None or owner not in (None, file.owner):
         raise FileNotFound(file_id)
     return file
 
@@ -94,7 +98,7 @@ def list_files(
     newest_first: bool = True,
 ) -> Sequence[File]:
     """A page of files, by creation time (then id), starting after the file ``after``."""
-    query = select(File)
+    query = select(File).where(File.deleted_at.is_(None))
     if owner is not None:
         query = query.where(File.owner == owner)
     if purpose is not None:
@@ -121,11 +125,15 @@ def iter_content(session: Session, *, file_id: str) -> Iterator[bytes]:
 
 
 def delete_file(session: Session, *, file: File) -> None:
+    """Remove the file's content, and its row unless it is a batch's (kept, marked deleted)."""
     session.execute(delete(FileChunk).where(FileChunk.file_id == file.id))
-    session.delete(file)
+    if file.job_id is None:
+        session.delete(file)
+    else:
+        file.deleted_at = utcnow()
     session.flush()
 
 
 def job_files(session: Session, *, job_id: str) -> dict[str, File]:
-    """A batch job's output and error files, by file name."""
+    """A batch job's output and error files, by file name: those deleted since too (``deleted_at``)."""
     return {file.filename: file for file in session.scalars(select(File).where(File.job_id == job_id))}
