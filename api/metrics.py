@@ -1,6 +1,6 @@
-"""The API's Prometheus metrics: requests by route and status, jobs submitted by model, and scrape-time
-state from the database and the broker (jobs by status, open items and queue depth per queue), and
-the uploads being received now.
+"""The API's Prometheus metrics: requests by route and status, jobs submitted by model (through
+``/v1/jobs`` or ``/v1/batches``), scrape-time state from the database and the broker (jobs by status,
+open items and queue depth per queue), the uploads being received now, and ``genjob_build_info``.
 
 Each app has its own registry (``app.state.metrics``), so apps built by tests never clash. Labels are
 bounded: the route's template (``/v1/jobs/{job_id}``, never the id), the method, the status code,
@@ -21,7 +21,7 @@ from genjob.db import session_scope
 from genjob.queueing import queue_depths
 from genjob.settings import Settings
 from genjob.store.activity import state_counts
-from genjob.telemetry import StateCollector
+from genjob.telemetry import BuildInfo, StateCollector
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class ApiMetrics:
         )
         self.jobs_submitted = Counter(
             "genjob_api_jobs_submitted",
-            "Jobs stored through the API, by model.",
+            "Jobs stored through the API (POST /v1/jobs, POST /v1/batches), by model.",
             ("model",),
             registry=self.registry,
         )
@@ -62,6 +62,7 @@ class ApiMetrics:
         )
         self.uploads_receiving.set_function(lambda: upload_slots.active)
         self.registry.register(StateCollector(lambda: read_state(settings)))
+        self.registry.register(BuildInfo())
 
 
 def install_metrics(app: FastAPI, settings: Settings) -> None:

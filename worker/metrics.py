@@ -1,10 +1,16 @@
 """The worker's Prometheus metrics: a meter around each chunk, and the HTTP endpoint that serves them.
 
 ``metered(runner, outcome, labels)`` wraps the chunk's engine for as long as the chunk runs: after
-every engine step it adds what the engine's counters gained (rounds and their latency, tokens, drafts
-proposed and accepted) and what the chunk's outcome gained (items done, failed, retried) to the
-metrics, and sets the rows in flight; so the series move while a chunk runs, not only when it ends.
-The item loop and the engine know nothing of it. Labels: model, queue, mode, worker (no job ids).
+every engine step it adds what the engine's counters gained (rounds with their latency and rows,
+tokens, prefill tokens, drafts proposed and accepted), the latency of the items that finished, and
+what the chunk's outcome gained (items done, failed, retried) to the metrics, and sets the rows in
+flight, the tokens per second and the acceptance rate over the last ``RATE_WINDOW_S`` of rounds; so
+the series move while a chunk runs, not only when it ends. The item loop and the engine know nothing
+of it. Labels: model, queue, mode, worker (no job ids); ``model`` is the catalog's name for the
+model where it has one (``model_label``), never a server path.
+
+``note_runner_built`` times what a worker spends making a job's runner: its model loads and its cost
+calibration, apart.
 
 ``note_progress`` keeps each pool process's progress gauges (``genjob.worker.leasing`` calls it on
 every beat): when it last made progress, whether it holds a chunk, and how long it may go without.
@@ -22,22 +28,72 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from genjob.telemetry import exposition, multiprocess_registry, worker_metrics
+from genjob.formats.openai_output import model_label as short_model_name
+from genjob.telemetry import RATE_WINDOW_S, exposition, multiprocess_registry, worker_metrics
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
-ENGINE_COUNTERS = ("rounds", "tokens", "seconds", "probe_rounds", "proposed", "accepted", "prefill_rows")
+ENGINE_COUNTERS = (
+    "rounds",
+    "rows_sum",
+    "tokens",
+    "seconds",
+    "probe_rounds",
+    "proposed",
+    "accepted",
+    "prefill_rows",
+    "prefill_tokens",
+)
 OUTCOME_STATES = {"done": "done", "failed": "failed", "retried": "retried", "skipped": "skipped"}
+MAX_MODEL_LABELS = 32  # models outside the catalog a process names; past it they are "other"
+
+
+@lru_cache(maxsize=1)
+def _catalog_names() -> dict[str, str]:
+    """The catalog's models as workers load them (absolute targets, and as listed) → their names."""
+    from genjob.catalog import resolve_model
+    from genjob.settings import get_settings
+
+    names: dict[str, str] = {}
+    try:
+        settings = get_settings()
+        for entry in settings.catalog:
+            names.setdefault(entry.target, entry.name)
+            try:
+                names.setdefault(resolve_model(settings, entry.name, allow_paths=False).target, entry.name)
+            except Exception:  # a package: entry whose package is not installed here, say
+                continue
+    except Exception as exc:  # metrics never stop a chunk
+        log.warning("metrics: cannot read the model catalog: %s", exc)
+    return names
+
+
+_OTHER_MODELS: set[str] = set()
+
+
+def model_label(model: str) -> str:
+    """The ``model`` label of a job's model (a path or hub id, as on the job): its catalog name where
+    it has one; else a hub id as is, a path by its last part; past ``MAX_MODEL_LABELS`` of those,
+    ``other`` (labels stay a bounded set)."""
+    name = _catalog_names().get(model)
+    if name is not None:
+        return name
+    label = short_model_name(model)
+    if label not in _OTHER_MODELS and len(_OTHER_MODELS) >= MAX_MODEL_LABELS:
+        return "other"
+    _OTHER_MODELS.add(label)
+    return label
 
 
 @dataclass
@@ -47,16 +103,19 @@ class _Meter:
     labels: tuple[str, str, str, str]
     seen: dict[str, float] = field(default_factory=dict)
     counted: dict[str, int] = field(default_factory=dict)
+    # (time, tokens, proposed, accepted) summed since the chunk began: the rates' window
+    window: deque[tuple[float, float, float, float]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.seen = self._engine_counts()
         self.counted = {name: 0 for name in OUTCOME_STATES}
+        self.window.append((time.monotonic(), 0.0, 0.0, 0.0))
 
     def _engine_counts(self) -> dict[str, float]:
         stats = self.engine.stats
         return {name: float(getattr(stats, name, 0)) for name in ENGINE_COUNTERS}
 
-    def update(self) -> None:
+    def update(self, finished: Sequence[Any] = ()) -> None:
         metrics, labels = worker_metrics(), self.labels
         now = self._engine_counts()
         # A counter smaller than last time was reset (``take`` at a chunk's end): all of it is new.
@@ -67,16 +126,24 @@ class _Meter:
         if gained["rounds"] > 0:
             metrics.rounds.labels(*labels).inc(gained["rounds"])
             per_round = gained["seconds"] / gained["rounds"]
+            rows = gained["rows_sum"] / gained["rounds"]
             for _ in range(int(gained["rounds"])):
                 metrics.round_seconds.labels(*labels).observe(per_round)
+                metrics.round_rows.labels(*labels).observe(rows)
         if gained["probe_rounds"] > 0:
             metrics.probe_rounds.labels(*labels).inc(gained["probe_rounds"])
         tokens = gained["tokens"] + gained["prefill_rows"]
         if tokens > 0:
             metrics.new_tokens.labels(*labels).inc(tokens)
+        if gained["prefill_tokens"] > 0:
+            metrics.prefill_tokens.labels(*labels).inc(gained["prefill_tokens"])
         if gained["proposed"] > 0:
             metrics.proposed.labels(*labels).inc(gained["proposed"])
             metrics.accepted.labels(*labels).inc(max(gained["accepted"], 0))
+        for row in finished:
+            if getattr(row, "key", 0) >= 0:  # a lossless check's twin (negative key) is no item
+                metrics.item_seconds.labels(*labels).observe(float(getattr(row.stats, "wall_s", 0.0)))
+        self._rates(tokens, gained["proposed"], max(gained["accepted"], 0))
         for attribute, state in OUTCOME_STATES.items():
             value = int(getattr(self.outcome, attribute, 0))
             if value > self.counted[attribute]:
@@ -84,18 +151,35 @@ class _Meter:
                 self.counted[attribute] = value
         metrics.rows.labels(*labels).set(int(getattr(self.engine, "busy", 0)))
 
+    def _rates(self, tokens: float, proposed: float, accepted: float) -> None:
+        """Tokens per second and acceptance over the window's rounds, as gauges."""
+        _, total, drafted, kept = self.window[-1]
+        now = time.monotonic()
+        self.window.append((now, total + tokens, drafted + proposed, kept + accepted))
+        while len(self.window) > 2 and self.window[1][0] <= now - RATE_WINDOW_S:
+            self.window.popleft()
+        first, last = self.window[0], self.window[-1]
+        metrics, labels = worker_metrics(), self.labels
+        if last[0] > first[0]:
+            metrics.tokens_per_second.labels(*labels).set((last[1] - first[1]) / (last[0] - first[0]))
+        if last[2] > first[2]:
+            metrics.acceptance.labels(*labels).set((last[3] - first[3]) / (last[2] - first[2]))
+
 
 @contextmanager
 def metered(engine: Any, outcome: Any, *, model: str, queue: str, mode: str, worker: str) -> Iterator[None]:
-    """Count the chunk running in this block into the worker's metrics (see the module's doc)."""
-    meter = _Meter(engine, outcome, (model, queue, mode, worker))
+    """Count the chunk running in this block into the worker's metrics (see the module's doc);
+    ``model``: as the job names it (a path or hub id), labelled by ``model_label``."""
+    meter = _Meter(engine, outcome, (model_label(model), queue, mode, worker))
     step: Callable[[], list[Any]] = engine.step
 
     def counted_step() -> list[Any]:
+        finished: list[Any] = []
         try:
-            return step()
+            finished = step()
+            return finished
         finally:
-            meter.update()
+            meter.update(finished)
 
     engine.step = counted_step
     try:
@@ -105,10 +189,24 @@ def metered(engine: Any, outcome: Any, *, model: str, queue: str, mode: str, wor
         try:
             meter.update()
             worker_metrics().rows.labels(*meter.labels).set(0)
+            worker_metrics().tokens_per_second.labels(*meter.labels).set(0)
             failed = "with_failures" if outcome.failed else "clean"
             worker_metrics().chunks.labels(queue, worker, "stopped" if outcome.stopped else failed).inc()
         except Exception as exc:  # metrics never stop a chunk
             log.warning("metrics: %s", exc)
+
+
+def note_runner_built(spec: Any, seconds: float, calibration_s: float) -> None:
+    """A job's runner took ``seconds`` to make here, ``calibration_s`` of them measuring costs (0: read
+    from the cost cache, or plain decoding): the rest is loading its models and tokenizer."""
+    try:
+        labels = (model_label(str(spec.model)), str(getattr(spec.mode, "value", spec.mode)))
+        metrics = worker_metrics()
+        metrics.model_load_seconds.labels(*labels).observe(max(0.0, seconds - calibration_s))
+        if calibration_s > 0:
+            metrics.calibration_seconds.labels(*labels).observe(calibration_s)
+    except Exception as exc:  # metrics never stop a chunk
+        log.warning("metrics: %s", exc)
 
 
 @lru_cache(maxsize=16)

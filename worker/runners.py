@@ -10,6 +10,7 @@ Must not know: Celery, the store's SQL.
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
 from genjob.worker import cost_cache
 from genjob.worker.cost_cache import cost_file, costs_for
+from genjob.worker.metrics import note_runner_built
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +281,9 @@ class RunnerCache:
         with self._lock:
             runner = self._runners.get(job_id)
             if runner is None:
+                started = time.perf_counter()
                 runner = self.build(spec, settings=settings)
+                note_runner_built(spec, time.perf_counter() - started, getattr(runner, "setup_extra_s", 0.0))
                 self._runners[job_id] = runner
                 while len(self._runners) > self._size:
                     self._runners.popitem(last=False)

@@ -4,14 +4,14 @@ Create from an uploaded file (``input_file_id``), read, list (``after``, ``limit
 status names, ``request_counts``, ``errors`` and the output and error files as OpenAI documents them.
 ``Idempotency-Key`` makes a create retry-safe; so does the SDK's own retry header without one.
 Only your API key's batches are visible: another key's answer 404. Errors have OpenAI's shape
-(``api.openai_errors``).
+(``api.openai_errors``); a batch made is counted in ``genjob_api_jobs_submitted_total`` as a job.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, BackgroundTasks, Header, Query
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -80,6 +80,7 @@ def _job_of(settings: Settings, batch_id: str) -> str | None:
 )
 async def create_batch(
     body: BatchCreate,
+    request: Request,
     settings: SettingsDep,
     caller: CallerDep,
     background: BackgroundTasks,
@@ -99,7 +100,7 @@ async def create_batch(
     request for `endpoint`. A file that fails makes a `failed` batch whose `errors` name the lines.
     Omitted `temperature` is 1.0 (as OpenAI's); `max_tokens` defaults to GENJOB_MAX_NEW_TOKENS."""
     await run_in_threadpool(check_quota, settings, caller.owner)
-    request = service.BatchRequest(
+    batch_request = service.BatchRequest(
         input_file_id=body.input_file_id,
         endpoint=body.endpoint,
         completion_window=body.completion_window,
@@ -110,7 +111,7 @@ async def create_batch(
             service.create_batch,
             settings,
             owner=caller.owner,
-            request=request,
+            request=batch_request,
             tokenizer_for=lambda location, name: PromptTokenizer(
                 location, label=name, cache_dir=settings.model_cache_dir
             ),
@@ -131,7 +132,10 @@ async def create_batch(
     job_id = await run_in_threadpool(_job_of, settings, batch_id)
     if job_id is not None and not reused:
         await enqueue_chunks(settings, job_id, settings.chunk_size, background)
-    return await run_in_threadpool(_read, settings, batch_id, caller.owner)
+    batch = await run_in_threadpool(_read, settings, batch_id, caller.owner)
+    if job_id is not None and not reused:  # a batch is a job: counted as POST /v1/jobs counts it
+        request.app.state.metrics.jobs_submitted.labels(batch["model"]).inc()
+    return batch
 
 
 @router.get("", summary="List your batches, newest first")
