@@ -10,6 +10,7 @@ import click
 
 from genjob import db
 from genjob.catalog import JobOptionsError, job_spec, parse_job_options
+from genjob.cli.extras import require_extra
 from genjob.cli.options import job_options, option_values
 from genjob.settings import get_settings
 
@@ -75,6 +76,7 @@ def worker(
     pool processes' metrics are served from the main process (Prometheus
     multiprocess mode, in PROMETHEUS_MULTIPROC_DIR or a temporary directory).
     """
+    require_extra("worker", "worker")  # a base install: one line naming genjob[worker], not a traceback
     settings = get_settings()
     if settings.embedded:
         raise click.ClickException("GENJOB_BROKER_URL is not set: a worker needs a broker (redis://…)")
@@ -141,6 +143,7 @@ def calibrate(**values: Any) -> None:
     counts more than a prior; run it with the workers' GENJOB_DEVICE,
     GENJOB_DTYPE and GENJOB_TORCH_THREADS.
     """
+    require_extra("worker", "calibrate")
     settings = get_settings()
     try:
         spec = job_spec(settings, parse_job_options(option_values(values)), allow_paths=True)

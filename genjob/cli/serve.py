@@ -6,6 +6,7 @@ import os
 
 import click
 
+from genjob.cli.extras import needs_extra, require_extra
 from genjob.db import SchemaError
 from genjob.settings import get_settings
 from genjob.submit import prepare_database
@@ -29,7 +30,9 @@ def api(host: str | None, port: int | None, log_level: str) -> None:
     built-in smollm2). The OpenAPI spec is at /openapi.json, the docs at
     /docs.
     """
-    from genjob.api.app import CannotListen, UnsafeBind, serve
+    require_extra("api", "api")  # a base install: one line naming genjob[api], not a traceback
+    with needs_extra("api", "api"):
+        from genjob.api.app import CannotListen, UnsafeBind, serve
 
     settings = get_settings()
     try:
