@@ -1,6 +1,6 @@
 """What a round costs on this device, and the draft length that makes the most tokens per second.
 
-``CostModel`` holds seconds of forwards measured on this device (``generation.cost_timing``): the
+``CostModel`` holds seconds of forwards measured on this device (``genjob.generation.cost_timing``): the
 target's forward of q new tokens per row at a few batch sizes B and query lengths q, and the draft's
 one-token step; between them it interpolates linearly (a plain step across every batch row measured,
 its growth with q across the rows measured that far). A grid need not be complete: a worker starts
@@ -39,6 +39,8 @@ from typing import Any
 LIVE_DOWN, LIVE_UP = 0.3, 0.03
 ROW_WEIGHT_CAP = 8.0  # a batch row's kept weight: a new measurement still moves it by ≥ 1/9
 SCALE_WEIGHT_CAP = 256.0  # rounds behind a kept live scale: later processes still move it
+
+NEAR_BEST = 0.9  # the suggested batch size: the fewest rows within 10 % of the best plain tokens/s
 
 
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
@@ -316,3 +318,12 @@ def expected_speedup(
     tokens = sum(n * expected_tokens(alpha, m) for m, n in per_row.items()) / rows  # Ē
     spent = sum(n * costs.predicted(b, k) for k, n in gamma_hist.items()) / rounds
     return tokens * costs.verify_seconds(b, 1) / spent
+
+
+def suggested_batch_size(costs: CostModel) -> int:
+    """The smallest measured B whose plain decoding gets within ``NEAR_BEST`` of the best tokens/s
+    measured. Every B is weighed: a rule that stopped at the first B not worth its rows let one noisy
+    step (a busy moment of a shared machine) cut a demo job from 64 rows to 4, at half the tokens/s."""
+    rates = {b: b / costs.verify_seconds(b, 1) for b in costs.batch_sizes}
+    best = max(rates.values())
+    return min(b for b, rate in rates.items() if rate >= NEAR_BEST * best)

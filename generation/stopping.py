@@ -1,50 +1,46 @@
-"""Stop sequences: end a row when its decoded text contains one of some strings (OpenAI's ``stop``).
+"""Stop strings (OpenAI's ``stop``): end a row once its text holds one, and cut the text before it.
 
-``StopSequences`` is a ``Request.stop`` check: it decodes the row's new tokens, finds the earliest
-stop string, and keeps the fewest tokens whose text reaches its end; ``cut_text`` then drops the
-stop string and what follows from the text, as OpenAI does. Must not know: the database, Celery,
-HTTP, the core.
+``stop_check`` is a ``Request.stop`` check, the one the worker gives each row with stop strings:
+after each round the row's last tokens (a window longer than any stop string plus a round's tokens)
+are decoded; once a stop string appears, the row keeps the tokens up to the one that completes it.
+``cut_at_stop`` then drops the stop string and what follows from the text, as OpenAI does.
+Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from transformers import PreTrainedTokenizerBase
+
+from genjob.generation.requests import StopCheck
+
+STOP_WINDOW_TOKENS = 96  # tokens decoded to look for a stop string: a round's new tokens and then some
 
 
-class Decoder(Protocol):
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+def stop_check(tokenizer: PreTrainedTokenizerBase, stops: list[str]) -> StopCheck:
+    """The engine's stop check for stop strings: after each round, the row's last tokens (a window
+    longer than any stop string plus a round's tokens) are decoded; once a stop string appears, the
+    row keeps the tokens up to the one that completes it (``cut_at_stop`` trims the text)."""
+    window = STOP_WINDOW_TOKENS + max(len(stop) for stop in stops)
 
+    def found(tokens: list[int]) -> bool:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return any(stop in text for stop in stops)
 
-def find_stop(text: str, stops: Sequence[str]) -> int | None:
-    """The index where the earliest stop string starts in ``text``, or None."""
-    found = [index for index in (text.find(stop) for stop in stops if stop) if index >= 0]
-    return min(found) if found else None
-
-
-def cut_text(text: str, stops: Sequence[str]) -> str:
-    """``text`` up to (without) the earliest stop string."""
-    index = find_stop(text, stops)
-    return text if index is None else text[:index]
-
-
-class StopSequences:
-    """Call with a row's new tokens: how many to keep once a stop string appears in their text, else None."""
-
-    def __init__(self, tokenizer: Decoder, stops: Sequence[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stops = [stop for stop in stops if stop]
-
-    def _text(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
-
-    def __call__(self, tokens: list[int]) -> int | None:
-        text = self._text(tokens)
-        start = find_stop(text, self.stops)
-        if start is None:
+    def check(tokens: list[int]) -> int | None:
+        start = max(0, len(tokens) - window)
+        if not found(tokens[start:]):
             return None
-        end = start + min(len(stop) for stop in self.stops if text.startswith(stop, start))
-        keep = len(tokens)
-        while keep > 1 and len(self._text(tokens[: keep - 1])) >= end:
-            keep -= 1  # the fewest tokens whose text still holds the whole stop string
-        return keep
+        end = start + 1
+        while not found(tokens[start:end]):
+            end += 1
+        return end
+
+    return check
+
+
+def cut_at_stop(text: str, stops: list[str] | None) -> str:
+    """The text before the first stop string (OpenAI leaves the stop string out)."""
+    if not stops:
+        return text
+    cuts = [text.find(stop) for stop in stops if stop in text]
+    return text[: min(cuts)] if cuts else text

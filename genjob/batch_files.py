@@ -8,25 +8,18 @@ Must not know: torch, transformers, Celery's workers, HTTP.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from genjob.constants import TERMINAL_JOB_STATUSES, ItemStatus
+from genjob.constants import TERMINAL_JOB_STATUSES
 from genjob.db import session_scope
 from genjob.formats.openai_output import batch_output_lines
 from genjob.settings import Settings
 from genjob.store import files as file_store
-from genjob.tables import Batch, Item, Job
+from genjob.store.activity import running_items
+from genjob.store.openai_batches import batch_job
+from genjob.tables import Batch, Job
 
 OUTPUT_PURPOSE = "batch_output"
-
-
-def running_items(session: Session, job_id: str) -> int:
-    query = (
-        select(func.count()).select_from(Item).where(Item.job_id == job_id, Item.status == ItemStatus.RUNNING)
-    )
-    return int(session.scalar(query) or 0)
 
 
 def output_name(batch: Batch) -> str:
@@ -50,10 +43,10 @@ def write_outputs(settings: Settings, *, batch_id: str) -> None:
     try:
         with session_scope(settings.database_url) as session:
             batch = session.get(Batch, batch_id)
-            job = session.get(Job, batch.job_id) if batch is not None and batch.job_id else None
+            job = batch_job(session, batch=batch) if batch is not None else None
             if batch is None or job is None or job.status not in TERMINAL_JOB_STATUSES:
                 return
-            if running_items(session, job.id):
+            if running_items(session, job_ids=[job.id]):
                 return
             present = file_store.job_files(session, job_id=job.id)
             for name, done in needed_files(batch, job):

@@ -13,32 +13,35 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from tempfile import SpooledTemporaryFile
 from typing import Any, BinaryIO, cast
 
-from sqlalchemy import func, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from genjob import store
-from genjob.batch_files import error_name, needed_files, output_name, running_items
+from genjob.batch_files import error_name, needed_files, output_name
 from genjob.catalog import JobOptionsError, job_spec, parse_job_options
 from genjob.constants import TERMINAL_JOB_STATUSES, InputFormat, JobStatus, OpenAIEndpoint
 from genjob.db import session_scope
 from genjob.durations import parse_duration
-from genjob.echo import echoed
 from genjob.formats.lines import InputFileError, LineError
 from genjob.formats.reader import first_line_model
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.store import idempotency as keys
+from genjob.store import openai_batches as batch_rows
+from genjob.store.activity import running_items
+from genjob.store.openai_batches import BatchNotFound as BatchNotFound  # the API's reads
+from genjob.store.openai_batches import get_batch as get_batch
+from genjob.store.openai_batches import list_batches as list_batches
 from genjob.submit import Submitter, input_limits, store_job_stream
-from genjob.tables import Batch, Job, Result, utcnow
+from genjob.tables import Batch, Job, utcnow
 
 SCOPE = "batches"
 INPUT_PURPOSE = "batch"
@@ -46,12 +49,6 @@ OPENAI_TEMPERATURE = 1.0  # an OpenAI request without temperature samples at 1.0
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=1), timedelta(days=7)
 RETRY_WINDOW = timedelta(minutes=10)  # a retried create without a key returns a same batch this recent
 SPOOL_MEMORY_BYTES = 1 << 20
-
-
-class BatchNotFound(LookupError):
-    def __init__(self, batch_id: str) -> None:
-        super().__init__(f"no batch {echoed(batch_id)}")
-        self.batch_id = batch_id
 
 
 class BatchRequestError(ValueError):
@@ -130,8 +127,7 @@ def create_batch(
     def add_batch(session: Session, job_id: str | None, errors: list[dict[str, Any]] | None = None) -> None:
         if key is not None:
             keys.claim(session, idempotency=key)
-        session.add(Batch(job_id=job_id, errors=errors, failed_at=now if errors else None, **rows))
-        session.flush()
+        batch_rows.add_batch(session, job_id=job_id, errors=errors, failed_at=now if errors else None, **rows)
         if key is not None:
             keys.bind(session, idempotency=key, batch_id=batch_id)
 
@@ -235,45 +231,18 @@ def _remembered(settings: Settings, key: keys.Idempotency) -> str | None:
 
 def _recent_same(settings: Settings, owner: str, request: BatchRequest) -> str | None:
     with session_scope(settings.database_url) as session:
-        query = (
-            select(Batch)
-            .where(
-                Batch.owner == owner,
-                Batch.input_file_id == request.input_file_id,
-                Batch.endpoint == request.endpoint.value,
-                Batch.completion_window == request.completion_window,
-                Batch.created_at >= utcnow() - RETRY_WINDOW,
-            )
-            .order_by(Batch.created_at.desc())
+        return batch_rows.recent_same_batch(
+            session,
+            owner=owner,
+            input_file_id=request.input_file_id,
+            endpoint=request.endpoint.value,
+            completion_window=request.completion_window,
+            metadata=request.metadata,
+            since=utcnow() - RETRY_WINDOW,
         )
-        for batch in session.scalars(query.limit(10)):
-            if (batch.batch_metadata or None) == (request.metadata or None):
-                return batch.id
-    return None
 
 
 # --- reading --------------------------------------------------------------------------------------------
-def get_batch(session: Session, *, batch_id: str, owner: str | None) -> Batch:
-    batch = session.get(Batch, batch_id, populate_existing=True)
-    if batch is None or owner not in (None, batch.owner):
-        raise BatchNotFound(batch_id)
-    return batch
-
-
-def list_batches(
-    session: Session, *, owner: str | None, after: str | None, limit: int
-) -> tuple[Sequence[Batch], bool]:
-    """A page of batches, newest first, after the batch ``after``; and whether more follow."""
-    query = select(Batch)
-    if owner is not None:
-        query = query.where(Batch.owner == owner)
-    if after is not None:
-        mark = get_batch(session, batch_id=after, owner=owner)
-        query = query.where(tuple_(Batch.created_at, Batch.id) < tuple_(mark.created_at, mark.id))
-    rows = session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)).all()
-    return rows[:limit], len(rows) > limit
-
-
 def _status(job: Job | None, unsettled: bool) -> str:
     """``unsettled``: an ended job still has requests running, or its files are not yet written (a
     client that sees a final status finds its output_file_id / error_file_id set)."""
@@ -294,12 +263,15 @@ def _stamp(moment: datetime | None) -> int | None:
 
 def batch_object(session: Session, batch: Batch) -> dict[str, Any]:
     """The batch as OpenAI's Batch object (``genjob.job_id`` added: ``genjob status`` takes it)."""
-    job = session.get(Job, batch.job_id, populate_existing=True) if batch.job_id else None
+    job = batch_rows.batch_job(session, batch=batch)
     outputs = file_store.job_files(session, job_id=job.id) if job is not None else {}
     unsettled = (
         job is not None
         and job.status in TERMINAL_JOB_STATUSES
-        and bool(running_items(session, job.id) or any(n not in outputs for n, _ in needed_files(batch, job)))
+        and bool(
+            running_items(session, job_ids=[job.id])
+            or any(name not in outputs for name, _ in needed_files(batch, job))
+        )
     )
     status = _status(job, unsettled)
     errors = batch.errors
@@ -307,10 +279,7 @@ def batch_object(session: Session, batch: Batch) -> dict[str, Any]:
         errors = [_error("job_failed", job.error or "every request failed", None, None)]
     ended = job.finished_at if job is not None else None
     output, error = outputs.get(output_name(batch)), outputs.get(error_name(batch))
-    prompt_tokens = 0
-    if job is not None:
-        query = select(func.coalesce(func.sum(Result.prompt_tokens), 0)).where(Result.job_id == job.id)
-        prompt_tokens = int(session.scalar(query) or 0)
+    prompt_tokens = batch_rows.prompt_tokens(session, job_id=job.id) if job is not None else 0
     completion_tokens = job.new_tokens if job is not None else 0
     return {
         "id": batch.id,
@@ -351,7 +320,7 @@ def batch_object(session: Session, batch: Batch) -> dict[str, Any]:
 
 def cancel_batch(session: Session, *, batch: Batch) -> bool:
     """Cancel the batch's job if it runs; False if it had already ended otherwise than cancelled."""
-    job = session.get(Job, batch.job_id) if batch.job_id else None
+    job = batch_rows.batch_job(session, batch=batch)
     if job is None:
         return False
     if job.status == JobStatus.CANCELLED:

@@ -222,11 +222,6 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
         raise JobOptionsError.of(exc.errors()) from exc
 
 
-def build_job_spec(settings: Settings, *, allow_paths: bool, **options: Any) -> JobSpec:
-    """``job_spec`` from keyword options (``model=...``, ``mode=...``), checked by JobOptions."""
-    return job_spec(settings, parse_job_options(options), allow_paths=allow_paths)
-
-
 def _field(loc: Sequence[Any]) -> str | None:
     return ".".join(str(part) for part in loc) or None
 

@@ -46,6 +46,7 @@ class AttemptOutcome(StrEnum):
     LOST = "lost"  # its worker died or stalled: the lease ran out and the item was taken back
     SUPERSEDED = "superseded"  # finished after its lease was taken back: the result was dropped
     RELEASED = "released"  # given back unfinished by a worker that stopped (SIGTERM): the try is refunded
+    STOPPED = "stopped"  # its job was cancelled or expired while it ran: it ends unfinished, as its job did
 
 
 # Redis key (per database) whose absence tells the workers' sweeper that the broker lost its data.

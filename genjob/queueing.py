@@ -3,8 +3,9 @@
 A message names a job and a range of its items, ``(job id, start, stop)``: items with ``seq`` in
 [start, stop); the worker reads the rest from the database. The task's name and queue come from
 ``genjob.constants``, so a producer (the CLI, the API, a sweeper) needs a broker URL, not the
-worker's Celery app. Messages are published in pipelined batches (one Redis round trip per
-``PUBLISH_BATCH``), and after each batch the job records how far it has queued (``jobs.queued_seq``):
+worker's Celery app. Messages are published pipelined (one Redis round trip per
+``MESSAGES_PER_PUBLISH``), and after each round trip the job records how far it has queued
+(``jobs.queued_seq``):
 a publisher that stops half-way (a submit killed mid-enqueue, a broker that went away) is finished
 by a worker's sweeper, and ``genjob requeue`` sends only what is missing.
 
@@ -38,7 +39,7 @@ from genjob.tables import utcnow
 log = logging.getLogger(__name__)
 
 PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
-PUBLISH_BATCH = 500  # messages per pipelined round trip, and per progress record
+MESSAGES_PER_PUBLISH = 500  # messages per pipelined round trip, and per progress record
 # (first chunk index, priority): Redis' lists are polled 0 first; kombu keeps levels 0, 3, 6, 9.
 PRIORITY_BY_CHUNK = ((0, 0), (1, 3), (4, 6), (16, 9))
 
@@ -117,7 +118,7 @@ def publish_ranges(
     first_index: int = 0,
     on_batch: Callable[[int], None] | None = None,
 ) -> int:
-    """Send one task message per ``[start, stop)`` range, pipelined, ``PUBLISH_BATCH`` a round trip;
+    """Send one task message per ``[start, stop)`` range, pipelined, ``MESSAGES_PER_PUBLISH`` a round trip;
     ``on_batch(stop)`` hears how far each flushed batch reached. Returns how many were sent.
 
     The messages are what ``app.send_task`` sends, built faster: Celery builds the first one, the
@@ -129,7 +130,7 @@ def publish_ranges(
     try:
         with app.producer_or_acquire() as producer:
             batch_stop = None
-            with producer.batch(max_size=PUBLISH_BATCH * 2) as batch:
+            with producer.batch(max_size=MESSAGES_PER_PUBLISH * 2) as batch:
                 for start, stop in ranges:
                     app.amqp.send_task_message(
                         producer,
@@ -143,7 +144,7 @@ def publish_ranges(
                     )
                     sent += 1
                     batch_stop = stop
-                    if sent % PUBLISH_BATCH == 0:
+                    if sent % MESSAGES_PER_PUBLISH == 0:
                         batch.flush()
                         if on_batch is not None:
                             on_batch(stop)
@@ -287,3 +288,20 @@ def queue_depths(broker_url: str, queues: Iterable[str]) -> dict[str, int]:
         return {}
     finally:
         client.close()
+
+
+PING_TIMEOUT_S = 0.5
+
+
+def online_workers(broker_url: str, timeout: float = PING_TIMEOUT_S) -> set[str] | None:
+    """The node names (``genjob@host``) of the workers that answer a ping within ``timeout`` seconds;
+    None when the broker cannot be asked (down, or no remote control on its transport)."""
+    app = producer_app(broker_url)
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)  # a broker that is down: no minute of retries
+            replies = app.control.ping(timeout=timeout, connection=connection)
+    except (OperationalError, OSError, NotImplementedError) as exc:
+        log.debug("no ping through the broker: %s", exc)
+        return None
+    return {name for reply in replies for name in reply}

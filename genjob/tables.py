@@ -267,13 +267,9 @@ class Result(Base):
     )
 
 
-# What a worker writes of each finished item: every ``results`` column but the keys and the time it
-# is written (``worker.runners.result_row`` builds exactly these; the store's SQL lists them from here).
-RESULT_FIELDS = tuple(
-    column.name
-    for column in Result.__table__.columns
-    if column.name not in ("id", "job_id", "item_id", "created_at")
-)
+# What a worker writes of an item (``genjob.worker.runners.result_row``): all result columns but these.
+_NOT_WRITTEN = ("id", "job_id", "item_id", "created_at")
+RESULT_FIELDS = tuple(column.name for column in Result.__table__.columns if column.name not in _NOT_WRITTEN)
 
 
 class Attempt(Base):
@@ -297,7 +293,7 @@ class Attempt(Base):
         DateTime(timezone=True), comment="When it ended; null while it runs."
     )
     outcome: Mapped[str | None] = mapped_column(
-        String(16), comment="done, failed, retried, lost, superseded or released."
+        String(16), comment="done, failed, retried, lost, superseded, released or stopped."
     )
     error: Mapped[str | None] = mapped_column(Text, comment="Its error.")
 

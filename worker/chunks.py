@@ -70,7 +70,8 @@ def measurements(
 
 def _derive(job: Any, *, runner: JobRunner) -> dict[str, Any] | None:
     """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums
-    (``job``: a ``Job``, or the row ``store.close_chunk`` returned); None if it has nothing to derive."""
+    (``job``: a ``Job``, or the row ``genjob.store.close_chunk`` returned); None if it has nothing
+    to derive."""
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
     if runner.engine.proposer is None or not hist:
         return None

@@ -12,10 +12,12 @@ Faults: an item whose prompt cannot be decoded here (too long for the context) f
 round raises, the batch is lost: its items go back (their try counted) and run one at a time after
 the rest, with the usual bounded retries, so a poison item fails alone and its batch-mates finish.
 Cancel and expiry are checked at every claim and about once a second: no new item is claimed after
-them; the rows in flight finish and are kept. On a graceful stop (SIGTERM, ``genjob.worker.health``)
-nothing more is claimed, the rows in flight get ``GENJOB_STOP_GRACE_S`` to finish, and the rest are
-given back at once (their tries not counted). After each engine round the loop beats
-(``ChunkContext.beat``): the chunk's leases are renewed only while it does. Must not know: HTTP, the CLI.
+them, the rows that finished are kept, and the rows in flight leave the batch at once (their items
+end ``cancelled`` or ``expired``, as their job). On a graceful stop (SIGTERM,
+``genjob.worker.stopping``) nothing more is claimed, the rows in flight get ``GENJOB_STOP_GRACE_S``
+to finish, and the rest are given back at once (their tries not counted). After each engine round
+the loop beats (``ChunkContext.beat``): the chunk's leases are renewed only while it does.
+Must not know: HTTP, the CLI.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from genjob.settings import Settings
 from genjob.store.chunks import Rows
 from genjob.store.claims import ClaimedItem
 from genjob.worker.chunk_context import ChunkContext, ChunkOutcome
-from genjob.worker.health import stopping
 from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, result_row
+from genjob.worker.stopping import stopping
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +129,11 @@ class ItemLoop:
         while todo or engine.busy:
             if stopping() and self._stop_now(todo):
                 return
-            if todo and time.monotonic() - checked > JOB_CHECK_EVERY_S:
+            if (todo or engine.busy) and time.monotonic() - checked > JOB_CHECK_EVERY_S:
                 checked = time.monotonic()
                 if self.context.chunks.job_ended():
                     self.outcome.stopped = True
+                    self._stop_in_flight()
             if self.outcome.stopped:
                 self.outcome.skipped += len(todo)
                 todo.clear()
@@ -190,6 +193,21 @@ class ItemLoop:
                 refund=True,
                 expire_lease=True,
             )
+
+    def _stop_in_flight(self) -> None:
+        """The job was cancelled or expired: what finished is written and kept; the rows in flight
+        leave the batch at once and end as their job did (``store.stop_items``)."""
+        self._write()
+        if not self.in_flight:
+            return
+        self.runner.engine.abandon()
+        items = list(self.in_flight.values())
+        self.in_flight.clear()
+        self.twins.clear()
+        self.held.clear()
+        stopped = self.context.tx(store.stop_items, items=items, worker=self.context.holder)
+        self.outcome.skipped += len(stopped)
+        log.info("job %s: ended; %d rows in flight stopped", self.context.job_id, len(stopped))
 
     def give_up_in_flight(self, error: str) -> set[int]:
         """After a fault of this worker: write what finished, hand back the items in flight, their

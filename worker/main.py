@@ -5,7 +5,7 @@ What may happen in the worker's main process before Celery forks its pool, and w
     crashed one is ready at once), read settings, talk to the database and the broker, serve metrics;
   - may not: run any torch operation or create a CUDA context. torch's OpenMP thread pool does not
     survive ``fork`` (a child's first multi-threaded op then blocks forever), and CUDA refuses a child
-    forked after it started. The device check runs in a process of its own (``health.probe_device``);
+    forked after it started. The device check runs in a process of its own (``device_probe.probe_device``);
     each pool child sets its torch threads (``pool_threads``) and first touches the device itself.
 ``assert_fork_safe`` checks what it can (CUDA) just before the fork; tests/worker/test_fork_rules.py
 holds the rest (no torch function runs in the main process before the fork).

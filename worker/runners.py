@@ -1,9 +1,10 @@
 """A job's runner in a worker process: its models, tokenizer and engine, built once per job and cached.
 
 Turns the job's options into the engine's (proposer, γ bounds, probe rounds, batch size) and an item
-into a ``Request`` (encoding the prompt and checking the model's context). The costs of the device are
-read once per model pair and batch size (``cost_cache``: what earlier processes kept, plus a cheap
-prior for the rows they lack); a plain job with its batch size given needs none and measures nothing.
+into a ``Request`` (encoding the prompt and checking the model's context). The costs of the device
+are read once per model pair and batch size (``genjob.generation.cost_cache``: what earlier
+processes kept, plus a cheap prior for the rows they lack); a plain job with its batch size given
+needs none and measures nothing.
 Must not know: Celery, the store's SQL.
 """
 
@@ -15,7 +16,6 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from threading import Lock
 from typing import Any
@@ -24,89 +24,38 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from genjob.constants import DecodingMode, DraftSchedule
+from genjob.generation import cost_cache
+from genjob.generation.cost_cache import cost_file, measured_costs
 from genjob.generation.cost_timing import grid_batches
-from genjob.generation.costs import CostModel
+from genjob.generation.costs import CostModel, suggested_batch_size
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
 from genjob.generation.loading import check_same_vocabulary, eos_ids, load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup, Proposer
-from genjob.generation.requests import Finished, Request, StopCheck
+from genjob.generation.requests import Finished, Request
+from genjob.generation.stopping import cut_at_stop, stop_check
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
-from genjob.worker import cost_cache
-from genjob.worker.cost_cache import cost_file, costs_for
 from genjob.worker.metrics import note_runner_built
 
 log = logging.getLogger(__name__)
 
 MAX_CACHED_RUNNERS = 16
 LARGEST_PROBED_BATCH = 64
-NEAR_BEST = 0.9  # the suggested batch size: the fewest rows within 10 % of the best plain tokens/s
 CHUNK_PER_BATCH = 4  # default items per task message: four batches, so a chunk's tail is short
 
 
 SEED_MASK = 2**63 - 1
-STOP_WINDOW_TOKENS = 96  # tokens decoded to look for a stop string: a round's new tokens and then some
 
 
 class PromptTooLong(ValueError):
     pass
 
 
-def stop_check(tokenizer: PreTrainedTokenizerBase, stops: list[str]) -> StopCheck:
-    """The engine's stop check for stop strings: after each round, the row's last tokens (a window
-    longer than any stop string plus a round's tokens) are decoded; once a stop string appears, the
-    row keeps the tokens up to the one that completes it (``cut_at_stop`` trims the text)."""
-    window = STOP_WINDOW_TOKENS + max(len(stop) for stop in stops)
-
-    def found(tokens: list[int]) -> bool:
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        return any(stop in text for stop in stops)
-
-    def check(tokens: list[int]) -> int | None:
-        start = max(0, len(tokens) - window)
-        if not found(tokens[start:]):
-            return None
-        end = start + 1
-        while not found(tokens[start:end]):
-            end += 1
-        return end
-
-    return check
-
-
-def cut_at_stop(text: str, stops: list[str] | None) -> str:
-    """The text before the first stop string (OpenAI leaves the stop string out)."""
-    if not stops:
-        return text
-    cuts = [text.find(stop) for stop in stops if stop in text]
-    return text[: min(cuts)] if cuts else text
-
-
 # Errors that another try cannot fix: the item fails at once.
 PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
-
-
-@lru_cache(maxsize=8)
-def measured_costs(
-    target: str,
-    draft: str | None,
-    device: str,
-    dtype: str,
-    batches: tuple[int, ...],
-    max_query: int,
-    cache_dir: str | None,
-    model_cache_dir: str | None,
-) -> tuple[CostModel, Path | None]:
-    """The device's costs for this pair at ``batches`` (and the file they are kept in): once per
-    process, and on disk in ``cache_dir`` across processes (``cost_cache.costs_for``); the models are
-    loaded as ``load_model`` does, GGUF checkpoints from ``model_cache_dir``."""
-    target_model = load_model(target, device, dtype, cache_dir=model_cache_dir)
-    draft_model = load_model(draft, device, dtype, cache_dir=model_cache_dir) if draft is not None else None
-    path = cost_file(cache_dir, target_model, draft_model)
-    return costs_for(path, target_model, draft_model, batches=batches, max_query=max_query), path
 
 
 def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int]:
@@ -140,15 +89,6 @@ def set_torch_threads(settings: Settings) -> None:
     """GENJOB_TORCH_THREADS for this process's torch (unset: torch's own default)."""
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-
-
-def suggested_batch_size(costs: CostModel) -> int:
-    """The smallest measured B whose plain decoding gets within ``NEAR_BEST`` of the best tokens/s
-    measured. Every B is weighed: a rule that stopped at the first B not worth its rows let one noisy
-    step (a busy moment of a shared machine) cut a demo job from 64 rows to 4, at half the tokens/s."""
-    rates = {b: b / costs.verify_seconds(b, 1) for b in costs.batch_sizes}
-    best = max(rates.values())
-    return min(b for b, rate in rates.items() if rate >= NEAR_BEST * best)
 
 
 def batch_size_for(spec: JobSpec, settings: Settings) -> int | None:
@@ -297,7 +237,7 @@ RUNNERS = RunnerCache(JobRunner.build)
 def result_row(
     runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
 ) -> dict[str, Any]:
-    """An item's result row (``store.finish_items``): its text, cut at a stop string, and its stats."""
+    """An item's result row (``genjob.store.finish_items``): its text, cut at a stop string, and its stats."""
     stats = done.stats
     return {
         "output": cut_at_stop(runner.text(done.token_ids), stop),

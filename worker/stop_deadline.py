@@ -2,10 +2,10 @@
 
 Celery's warm shutdown (SIGTERM, or a first Ctrl-C, to the worker's main process) waits for the chunks
 in flight to end, and the item loop ends its chunk within ``GENJOB_STOP_GRACE_S`` (the stop flag,
-``genjob.worker.health``) unless its pool process never looks (stuck in C code, say, or loading a model).
+``genjob.worker.stopping``) unless its pool process never looks (stuck in C code, say, or loading a model).
 So the main process gives its pool processes until ``GENJOB_STOP_GRACE_S`` + ``STOP_MARGIN_S`` (the
 margin covers giving the rest back and closing the chunk); then it kills (SIGKILL) each one still
-alive, ends the leases it held (``store.leases.give_up_leases`` of ``worker/pid``: a sweeper queues
+alive, ends the leases it held (``genjob.store.leases.give_up_leases`` of ``worker/pid``: a sweeper queues
 its items again at its next sweep, not a lease later) and, if Celery has still not exited
 ``EXIT_AFTER_S`` later, ends the process itself (exit 1). A killed process's late writes cannot count:
 the items' fences moved on. Runs in the main process only; a pool process's own SIGTERM only raises

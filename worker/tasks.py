@@ -3,8 +3,13 @@
 ``generate_chunk(job_id, start, stop)`` runs the job's items with ``seq`` in [start, stop); a message
 of the old format, ``generate_chunk(job_id, [item ids])`` (still queued during an upgrade), runs those
 items. In Flower a chunk reads ``job=abc123 items 100-163`` (its ``argsrepr``), and its result says
-``chunk: clean``, ``with failures`` (some items failed for good) or ``stopped`` (the job ended, or the
-worker was stopped), without changing how the message is delivered or acknowledged.
+``chunk: clean`` or ``stopped`` (the job ended, or the worker was stopped), with its counts. A chunk
+with items that failed for good, or whose worker failed holding it (``WORKER FAULT``), ends in
+``ChunkNotClean`` once all is recorded: Flower lists it as FAILURE (its Failed filter, the worker's
+Failed count), the kind and counts in the exception's text. That changes nothing in how the message is
+delivered: a task that raises is acknowledged like one that returns (acks late, acks on failure),
+never retried (no autoretry; the exception is expected, logged without a traceback), so the chunk is
+not run again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ log = logging.getLogger(__name__)
 MAX_TASK_RETRY_DELAY_S = 60
 
 
+class ChunkNotClean(Exception):
+    """A chunk with items that failed for good, or whose worker failed holding it; raised after its
+    outcome is recorded, so that Celery reports the task as failed (see the module's doc)."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__(result)
+        self.result = result
+
+
 def chunk_result(outcome: Any) -> dict[str, Any]:
     """The task's result, as Flower shows it: the chunk's kind first, then its counts."""
     kind = "stopped" if outcome.stopped else "WITH FAILURES" if outcome.failed else "clean"
@@ -31,8 +45,8 @@ def chunk_result(outcome: Any) -> dict[str, Any]:
 
 def register_tasks(app: Celery) -> None:
     settings = app.genjob_settings
-    from genjob.worker.health import install_stop_handlers
     from genjob.worker.stop_deadline import install_stop_deadline
+    from genjob.worker.stopping import install_stop_handlers
 
     install_stop_handlers()
     install_stop_deadline()  # a warm shutdown ends by GENJOB_STOP_GRACE_S + a margin, stuck pool or not
@@ -52,12 +66,13 @@ def register_tasks(app: Celery) -> None:
         torch.set_num_threads(pool_threads(settings, app.conf.worker_concurrency or 1))
 
     # shared=False: a task of one app (its settings) must never be lent to another app.
-    @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False)
+    # throws: ChunkNotClean is how a chunk with failures ends, not a crash (INFO, no traceback).
+    @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False, throws=(ChunkNotClean,))
     def generate_chunk(self: Task, job_id: str, items: int | list[int], stop: int | None = None) -> dict:
         """Generate the items [``items``, ``stop``) of job ``job_id`` (or the item ids ``items``)."""
         from genjob.worker.chunks import WorkerFault, process_chunk  # torch loads in the worker only
-        from genjob.worker.health import catch_sigterm_in_pool
         from genjob.worker.leasing import worker_name
+        from genjob.worker.stopping import catch_sigterm_in_pool
 
         worker = self.request.hostname or worker_name()
         if not self.request.is_eager:
@@ -79,6 +94,9 @@ def register_tasks(app: Celery) -> None:
         except WorkerFault:
             if self.request.is_eager:
                 raise
-            return {"chunk": "WORKER FAULT", "done": 0, "failed": 0, "skipped": 0}
+            raise ChunkNotClean({"chunk": "WORKER FAULT", "done": 0, "failed": 0, "skipped": 0}) from None
         log.info("job %s chunk %s: %s", job_id, chunk, outcome)
-        return chunk_result(outcome)
+        result = chunk_result(outcome)
+        if outcome.failed and not self.request.is_eager:  # embedded: the caller reads the result
+            raise ChunkNotClean(result)
+        return result

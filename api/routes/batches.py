@@ -19,11 +19,11 @@ from genjob import batch_files
 from genjob import batches as service
 from genjob.api.deps import CallerDep, SessionDep, SettingsDep
 from genjob.api.errors import ApiError, ErrorDetail, openai_error_responses
+from genjob.api.prompt_tokenizer import PromptTokenizer
 from genjob.api.quota import check_quota
 from genjob.api.routes.jobs import IdempotencyKeyHeader, enqueue_chunks
 from genjob.constants import OpenAIEndpoint
 from genjob.db import session_scope
-from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.store.idempotency import IdempotencyConflict

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from genjob import store
 from genjob.api.deps import CallerDep, JobDep, SessionDep, SettingsDep, require_api_key
 from genjob.api.errors import ApiError, ErrorDetail, error_responses
+from genjob.api.prompt_tokenizer import PromptTokenizer
 from genjob.api.quota import check_quota
 from genjob.api.schemas import JobList, JobOut, RequeueOut
 from genjob.api.uploads import UPLOAD_REQUEST_BODY, spooled_upload
@@ -22,7 +23,6 @@ from genjob.catalog import JobOptionsError, job_spec
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
 from genjob.formats.lines import InputFileError
-from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.options import JobOptions
 from genjob.queueing import BrokerUnavailable
 from genjob.settings import Settings

@@ -84,7 +84,7 @@ def worker(
     # a spinning pool that shares its cores with anything else (this process, the sweeper, another
     # worker) makes every forward many times slower. OMP_WAIT_POLICY set by the user wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from genjob.worker.health import DeviceUnusable, probe_device
+    from genjob.worker.device_probe import DeviceUnusable, probe_device
 
     try:
         device, probed_in = probe_device(settings.device)

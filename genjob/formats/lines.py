@@ -11,7 +11,6 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from pydantic import ValidationError
@@ -240,12 +239,3 @@ def json_error(exc: json.JSONDecodeError, text: str, *, last_line: bool) -> str:
     if last_line and ends_early:
         message += "; the file ends in the middle of this line (truncated?)"
     return message
-
-
-def check_file_size(path: Path, *, limits: InputLimits) -> None:
-    """Refuse a file over the limit from its size alone, before reading a byte of it."""
-    size = path.stat().st_size
-    if size > limits.max_file_bytes:
-        raise InputFileError(
-            str(path), [LineError(None, file_too_large_message(size, limits.max_file_bytes))]
-        )

@@ -1,7 +1,7 @@
 """What submit needs of the target's tokenizer, as a small interface the CLI and the API hand in.
 
 The core never loads a tokenizer (that would pull transformers into it): the CLI and the API pass an
-object with these two methods (``genjob.generation.prompt_tokenizer.PromptTokenizer``), tests a fake.
+object with these two methods (``genjob.api.prompt_tokenizer.PromptTokenizer``), tests a fake.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from genjob.store.items import (
     finish_items,
     give_up_exhausted,
     release_items,
+    stop_items,
     write_and_claim,
 )
 from genjob.store.jobs import (
@@ -84,6 +85,7 @@ __all__ = [
     "retry_failed_items",
     "seq_ranges",
     "seq_runs",
+    "stop_items",
     "take_over_stalled_queueing",
     "write_and_claim",
 ]

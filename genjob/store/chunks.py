@@ -63,6 +63,8 @@ class OpenedChunk:
 
 
 def _job_ended(session: Session, *, job_id: str) -> bool:
+    """The job ended (cancelled, say), or is past its deadline: then it expires now."""
+    expire_due_jobs(session, job_id=job_id)
     return session.scalar(select(Job.status).where(Job.id == job_id)) in TERMINAL_JOB_STATUSES
 
 
@@ -142,6 +144,7 @@ class ChunkStore:
         )
 
     def job_ended(self) -> bool:
+        """Whether the job ended (cancelled, failed, or expired: a job past its deadline expires now)."""
         return self.tx(_job_ended, job_id=self.job_id)
 
     def write_and_claim(

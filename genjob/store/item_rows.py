@@ -21,7 +21,7 @@ from genjob.tables import Item
 if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
     from genjob.formats.lines import PromptItem
 
-INSERT_BATCH = 2000
+ROWS_PER_INSERT = 2000
 ITEM_COLUMNS = (
     "job_id",
     "seq",
@@ -63,7 +63,7 @@ def insert_items(session: Session, *, job_id: str, items: Iterable[PromptItem]) 
     if session.get_bind().dialect.driver == "psycopg":
         return _copy_items(session, rows)
     total = 0
-    while batch := list(islice(rows, INSERT_BATCH)):
+    while batch := list(islice(rows, ROWS_PER_INSERT)):
         session.execute(insert(Item), [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in batch])
         total += len(batch)
     return total

@@ -23,7 +23,7 @@ from sqlalchemy import case, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus
+from genjob.constants import TERMINAL_JOB_STATUSES, AttemptOutcome, ItemStatus, JobStatus
 from genjob.store.claims import CLAIMED_COLUMNS, ClaimedItem, Refused
 from genjob.store.jobs import expire_due_jobs
 from genjob.store.leases import as_utc, gave_up_error, lease_is_free, unindexed_eq
@@ -276,6 +276,38 @@ def release_items(
         errors={i.id: error for i in items},
         now=now,
     )
+    return moved
+
+
+# An item stopped because its job ended ends as its job did.
+STOPPED_AS = {JobStatus.CANCELLED: ItemStatus.CANCELLED, JobStatus.EXPIRED: ItemStatus.EXPIRED}
+
+
+def stop_items(session: Session, *, items: Sequence[ClaimedItem], worker: str) -> set[int]:
+    """Running items of a job that was cancelled or expired meanwhile end now, unfinished (fenced):
+    ``cancelled`` or ``expired`` as their job, their tries recorded ``stopped``. Returns those moved."""
+    if not items:
+        return set()
+    now = utcnow()
+    statuses = dict(
+        session.execute(select(Job.id, Job.status).where(Job.id.in_({i.job_id for i in items}))).all()
+    )
+    moved: set[int] = set()
+    for job_id, status in statuses.items():
+        ended_as = STOPPED_AS.get(JobStatus(status))
+        if ended_as is None:
+            continue  # not cancelled nor expired: nothing to stop
+        mine = [item for item in items if item.job_id == job_id]
+        moved |= set(
+            session.scalars(
+                update(Item)
+                .where(*_fenced(mine))
+                .values(status=ended_as, finished_at=now, lease_expires_at=None)
+                .returning(Item.id)
+            )
+        )
+    outcome = {i.id: AttemptOutcome.STOPPED if i.id in moved else AttemptOutcome.SUPERSEDED for i in items}
+    _record_attempts(session, items=items, worker=worker, outcome=dict(outcome), now=now)
     return moved
 
 

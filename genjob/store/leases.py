@@ -2,7 +2,7 @@
 
 A worker reserves its chunk's pending items (``claimed_by`` + ``lease_expires_at``: a range of a
 job's items, or a list of ids from an old-format message, in one UPDATE), claims them a group at a
-time (``store.claim_items``: status running, ``attempts`` + 1, ``fence`` + 1) and renews the leases
+time (``genjob.store.claim_items``: status running, ``attempts`` + 1, ``fence`` + 1) and renews the leases
 of the group while it works (``renew_leases``, every lease/3). Another worker may take an item only
 once its lease has run out; the sweeper (``reclaim_expired_leases``) queues such items again, and
 fails those that used every try. Lease times are the workers' clocks (UTC), so clocks must agree to

@@ -1,49 +1,28 @@
-"""The worker's own faults and stops: the device check before it consumes anything, and the stop flag.
+"""The worker's device check before it consumes anything.
 
 A worker whose device cannot start (``GENJOB_DEVICE=cuda`` on a machine without one, a driver that
 fails) or cannot run a warm-up computation must not take chunks it can only fail: ``probe_device``
 runs ``check_device`` before the Celery worker starts, in a short-lived process of its own (spawned,
 never forked: the worker's main process runs no torch op and never touches CUDA before its pool
 forks, ``genjob.worker.main``), and ``genjob worker`` exits non-zero with one line saying why.
-
-Graceful stop: on SIGTERM (to the main process: Celery's warm shutdown; or to a pool process, as
-``kill`` of the process group sends it) ``STOP`` is raised in memory shared by the main process and
-its forked pool processes; the item loop then claims nothing more, lets the rows in flight finish for
-``GENJOB_STOP_GRACE_S`` and gives back the rest at once (leases ended, their tries not counted).
 Must not know: the database, HTTP, the CLI.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import multiprocessing
 import os
-import signal
 import subprocess
 import sys
-from typing import Any
 
 log = logging.getLogger(__name__)
-
-# Created at import, in the main process, before the pool forks: its children share it.
-STOP = multiprocessing.RawValue(ctypes.c_bool, False)
-
 
 PROBE_TIMEOUT_S = 300.0  # a device that has not run a 64×64 matmul by then is taken as unusable
 
 
 class DeviceUnusable(RuntimeError):
     """The worker's device cannot start or run a warm-up computation."""
-
-
-def stopping() -> bool:
-    return bool(STOP.value)
-
-
-def request_stop(*_args: Any) -> None:
-    STOP.value = True
 
 
 def check_device(device: str) -> str:
@@ -66,7 +45,7 @@ def check_device(device: str) -> str:
 def probe_device(device: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, int]:
     """``check_device`` in a new Python process (not a fork of this one), so that this process runs no
     torch op and creates no CUDA context: (the device's name, the pid it ran in), or DeviceUnusable."""
-    code = "import sys; from genjob.worker.health import _probe_main; _probe_main(sys.argv[1])"
+    code = "import sys; from genjob.worker.device_probe import _probe_main; _probe_main(sys.argv[1])"
     try:
         done = subprocess.run(
             [sys.executable, "-c", code, device], capture_output=True, text=True, timeout=timeout_s
@@ -91,33 +70,3 @@ def _probe_main(device: str) -> None:
     except DeviceUnusable as exc:
         print(json.dumps({"error": str(exc)}))
         sys.exit(1)
-
-
-_TERMS_HERE: list[int] = []  # SIGTERMs this process received (the shared flag may be set by another)
-
-
-def _on_sigterm_in_pool(signum: int, frame: Any) -> None:
-    """First SIGTERM: stop claiming and give back what is held. A second one ends the process."""
-    _TERMS_HERE.append(signum)
-    if len(_TERMS_HERE) > 1:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    request_stop()
-
-
-def catch_sigterm_in_pool() -> None:
-    """In a pool process, before it runs a chunk: SIGTERM raises the stop flag (billiard sets its own
-    handler, which exits at once, after the process initialisers, so this is done from the task)."""
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm_in_pool:
-        signal.signal(signal.SIGTERM, _on_sigterm_in_pool)
-
-
-def install_stop_handlers() -> None:
-    """Wire the stop flag to Celery's warm shutdown in the main process."""
-    from celery.signals import worker_shutting_down
-
-    def on_shutting_down(**_kwargs: Any) -> None:
-        request_stop()
-
-    worker_shutting_down.connect(on_shutting_down, weak=False)

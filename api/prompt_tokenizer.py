@@ -1,7 +1,8 @@
 """The target's tokenizer as submit needs it: render chat messages, check a prompt fits the context.
 
-The CLI and the API hand a ``PromptTokenizer`` to the core's submit (which only knows the small
-interface ``genjob.formats.tokenizing.SubmitTokenizer``), so the core never loads a tokenizer.
+The API (and the CLI, above it) hand a ``PromptTokenizer`` to the core's submit (which only knows
+the small interface ``genjob.formats.tokenizing.SubmitTokenizer``), so the core never loads a
+tokenizer.
 Token counts use the ``tokenizers`` library on the model's ``tokenizer.json``; chat templates use
 transformers' tokenizer (no torch needed). Everything loads on first use, and only from a local
 directory for the context check (a hub id is checked by the worker instead). A GGUF file's tokenizer

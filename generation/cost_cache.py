@@ -14,7 +14,8 @@ One JSON file per identity under ``GENJOB_COST_CACHE_DIR``: a hash of everything
 torch's version and its thread count). A file older than ``MAX_AGE_S`` is measured again; one that
 cannot be read is measured again and replaced; writes are atomic, and a lock file keeps two processes
 of one machine from losing each other's merge. A directory that cannot be written only costs the next
-process the prior again. Must not know: Celery, the database, the core's store.
+process the prior again. ``measured_costs``: a pair's costs once per process (its models loaded by
+name). Takes a directory, never the worker's settings. Must not know: Celery, the database, the core.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from transformers import PreTrainedModel
 
 from genjob.generation.cost_timing import grid_batches, measure_grid, quick_prior
 from genjob.generation.costs import CostModel
+from genjob.generation.loading import load_model
 
 log = logging.getLogger(__name__)
 
@@ -214,3 +217,23 @@ def _age(path: Path | None) -> str:
         return "-"
     seconds = max(0, int(time.time() - path.stat().st_mtime))
     return f"{seconds // 3600} h {seconds % 3600 // 60} min" if seconds >= 3600 else f"{seconds} s"
+
+
+@lru_cache(maxsize=8)
+def measured_costs(
+    target: str,
+    draft: str | None,
+    device: str,
+    dtype: str,
+    batches: tuple[int, ...],
+    max_query: int,
+    cache_dir: str | None,
+    model_cache_dir: str | None,
+) -> tuple[CostModel, Path | None]:
+    """The device's costs for this pair at ``batches`` (and the file they are kept in): once per
+    process, and on disk in ``cache_dir`` across processes (``costs_for``); the models are
+    loaded as ``load_model`` does, GGUF checkpoints from ``model_cache_dir``."""
+    target_model = load_model(target, device, dtype, cache_dir=model_cache_dir)
+    draft_model = load_model(draft, device, dtype, cache_dir=model_cache_dir) if draft is not None else None
+    path = cost_file(cache_dir, target_model, draft_model)
+    return costs_for(path, target_model, draft_model, batches=batches, max_query=max_query), path
