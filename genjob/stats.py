@@ -9,6 +9,10 @@
   token, times every decoded token, estimate the decode time of a plain job; the rest of the
   workers' time (prefill, bookkeeping) is the same either way. With a 95 % interval from the spread
   of the probe rounds;
+- tokens/s two ways: wall-clock (``elapsed_tokens_per_second``) = new tokens / (started → finished,
+  or → now while it runs), what the job delivered, as the ``job_stats`` view has it; decoding
+  (``tokens_per_second``) = new tokens / the items' generate seconds (each item's share of its
+  batch's time), the models' pace with queueing, model loading and gaps left out;
 - expected speedup: computed by the worker from α, the rounds at each draft length k and the costs it
   measured at the job's mean batch size (``genjob.generation.costs.expected_speedup``), stored.
 Must not know: the database session, torch, Celery.
@@ -18,8 +22,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from genjob.tables import Job
+from genjob.tables import Job, utcnow
 
 Z95 = 1.96
 
@@ -30,6 +35,8 @@ class JobStats:
     alpha: float | None
     mean_accepted_per_round: float | None
     tokens_per_second: float | None
+    elapsed_seconds: float | None
+    elapsed_tokens_per_second: float | None
     mean_batch_size: float | None
     measured_speedup: float | None
     measured_speedup_low: float | None
@@ -64,14 +71,27 @@ def _interval(job: Job) -> tuple[float | None, float | None]:
     return measured_speedup(job, max(mean - margin, 0.0)), measured_speedup(job, mean + margin)
 
 
-def job_stats(job: Job) -> JobStats:
+def elapsed_seconds(job: Job, now: datetime | None = None) -> float | None:
+    """Seconds from when a worker first took the job to when it ended (to ``now`` while it runs)."""
+    if job.started_at is None:
+        return None
+    end = job.finished_at or now or utcnow()
+    if (end.tzinfo is None) != (job.started_at.tzinfo is None):  # SQLite gives naive UTC datetimes
+        end = end.replace(tzinfo=None) if job.started_at.tzinfo is None else end.replace(tzinfo=UTC)
+    return max((end - job.started_at).total_seconds(), 0.0)
+
+
+def job_stats(job: Job, now: datetime | None = None) -> JobStats:
     low, high = _interval(job)
+    elapsed = elapsed_seconds(job, now)
     greedy = not (job.spec or {}).get("temperature")
     return JobStats(
         acceptance_rate=_ratio(job.draft_accepted, job.draft_proposed),
         alpha=_ratio(job.draft_accepted, job.draft_accepted + job.draft_rejections),
         mean_accepted_per_round=_ratio(job.draft_accepted, job.target_rounds),
         tokens_per_second=_ratio(job.new_tokens, job.generate_seconds),
+        elapsed_seconds=elapsed,
+        elapsed_tokens_per_second=_ratio(job.new_tokens, elapsed or 0.0),
         mean_batch_size=_ratio(job.decode_rows, job.decode_rounds),
         measured_speedup=measured_speedup(job),
         measured_speedup_low=low,

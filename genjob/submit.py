@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from genjob import store
 from genjob.constants import InputFormat, OpenAIEndpoint
-from genjob.db import ensure_schema, session_scope
+from genjob.db import prepare_schema, session_scope
 from genjob.formats.lines import InputFileError, InputLimits, PromptItem
 from genjob.formats.reader import check_prompts, valid_prompts
 from genjob.formats.sources import open_prompt_source
@@ -76,7 +76,7 @@ def input_limits(settings: Settings) -> InputLimits:
 
 def prepare_database(settings: Settings) -> None:
     """Embedded SQLite migrates itself; any other database must already be at head."""
-    ensure_schema(settings.database_url, auto_upgrade=settings.database_url.startswith("sqlite"))
+    prepare_schema(settings.database_url)
 
 
 def store_job(

@@ -1,4 +1,8 @@
-"""The ``genjob`` command line: parses, calls the library, prints. Every docstring is its help."""
+"""The ``genjob`` command line: parses, calls the library, prints. Every docstring is its help.
+
+Each command's module is imported when that command runs (``genjob.cli.lazy``), so ``genjob --help``
+loads click alone. Must not know: the workers, the HTTP API.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import logging
 import click
 
 from genjob import __version__
-from genjob.cli import admin, follow, housekeeping, jobs, results, serve, top
 from genjob.cli.errors import GenjobGroup
 
 
@@ -30,8 +33,3 @@ def main(verbose: int) -> None:
     logging.basicConfig(
         level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-
-
-COMMAND_MODULES = (jobs, results, follow, top, housekeeping, admin, serve)
-for command in (command for module in COMMAND_MODULES for command in module.COMMANDS):
-    main.add_command(command)

@@ -1,8 +1,9 @@
 """What every job command starts with: the settings with a checked schema, and the job it names.
 
-A job is named by its id (or a unique prefix), or by ``--name NAME``: the newest job of that name,
-with a note on stderr when several share it. ``job_reference`` adds both to a command and hands it
-the job's id. Must not know: the workers, the HTTP API.
+A job is named by its id (or a unique prefix: a prefix several ids share is refused with the ids),
+or by ``--name NAME``: the newest job of that name, with a note on stderr when several share it.
+``job_reference`` adds both to a command and hands it the job's id. Must not know: the workers, the
+HTTP API.
 """
 
 from __future__ import annotations
@@ -10,17 +11,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from genjob import store
-from genjob.db import SchemaError, session_scope
+from genjob.db import SchemaError, prepare_schema, session_scope
 from genjob.durations import parse_duration
+from genjob.echo import echoed
 from genjob.settings import Settings, get_settings
-from genjob.store.housekeeping import newest_named
-from genjob.submit import prepare_database
+from genjob.store.housekeeping import ids_starting_with, newest_named
 from genjob.tables import Job
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+CANDIDATES_SHOWN = 5  # ids listed when a prefix names several jobs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,7 +48,7 @@ class Duration(click.ParamType):
 def settings_and_schema() -> Settings:
     settings = get_settings()
     try:
-        prepare_database(settings)
+        prepare_schema(settings.database_url)
     except SchemaError as exc:
         raise click.ClickException(str(exc)) from exc
     return settings
@@ -54,10 +60,20 @@ def load_job(settings: Settings, job_id: str) -> Job:
         try:
             job = store.get_job(session, job_id=job_id)
         except store.JobNotFound as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(_not_found(session, job_id, str(exc))) from exc
         if job.expires_at is not None and store.expire_due_jobs(session, job_id=job.id):
             session.refresh(job)
         return job
+
+
+def _not_found(session: Session, job_id: str, message: str) -> str:
+    """``no job 'x'``, or for a prefix several ids share: ``'6' names 3 jobs: 6a…, 6b…, 6c… (give more
+    of the id)``, newest first."""
+    ids, count = ids_starting_with(session, prefix=job_id, limit=CANDIDATES_SHOWN) if job_id else ([], 0)
+    if count < 2:
+        return message
+    more = f" and {count - len(ids)} more" if count > len(ids) else ""
+    return f"{echoed(job_id)} names {count} jobs: {', '.join(ids)}{more} (give more of the id)"
 
 
 def job_id_by_name(settings: Settings, name: str) -> str:

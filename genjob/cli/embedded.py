@@ -18,6 +18,7 @@ import click
 
 from genjob.cli.exits import ExitCode
 from genjob.cli.follow import follow_job
+from genjob.cli.output import counted
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.store import leases
@@ -57,8 +58,9 @@ class EmbeddedRun(threading.Thread):
             released = leases.give_up_leases(session, worker=lease_holder(worker_name()))
             job = session.get(Job, self.job_id)
         status = f"{job.done} of {job.total} done" if job is not None else "gone"
+        given_back = f"{counted(released, 'item')} in flight given back"
         click.echo(
-            f"interrupted: job {self.job_id} stopped ({status}; {released} items in flight given back); "
+            f"interrupted: job {self.job_id} stopped ({status}; {given_back}); "
             f"resume it with `genjob requeue {self.job_id}`, or drop it with `genjob cancel {self.job_id}`",
             err=True,
         )

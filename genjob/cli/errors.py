@@ -13,14 +13,17 @@ Must not know: the workers, the HTTP API.
 from __future__ import annotations
 
 import re
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import ValidationError
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
 
 from genjob.cli.exits import ExitCode
+from genjob.cli.lazy import LazyGroup
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+    from sqlalchemy import exc as sa_exc
 
 # C0 and C1 control characters and DEL; newlines and tabs stay (messages may span lines).
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -44,6 +47,8 @@ def settings_message(exc: ValidationError) -> str:
 
 
 def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
@@ -63,7 +68,27 @@ def os_error_message(exc: OSError) -> str:
     return f"{where}{exc.strerror or exc}"
 
 
-class GenjobGroup(click.Group):
+def user_error_message(exc: Exception) -> str | None:
+    """The one-line message of an error the user caused (see the module's doc), None for a bug.
+
+    pydantic's and SQLAlchemy's errors are looked for only once their library is loaded (an error
+    cannot come from a library nobody imported), so ``genjob --help`` loads neither."""
+    if "pydantic" in sys.modules:
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            return settings_message(exc) if exc.title == "Settings" else None
+    if "sqlalchemy" in sys.modules:
+        from sqlalchemy import exc as sa_exc
+
+        if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.ArgumentError):
+            return database_message(exc, _database_url())
+    if isinstance(exc, OSError):  # a missing file, no permission, a full or read-only disk, a refused link
+        return os_error_message(exc)
+    return None
+
+
+class GenjobGroup(LazyGroup):
     """The ``genjob`` group: user errors become one-line messages (see the module's doc)."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -75,17 +100,16 @@ class GenjobGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(ExitCode.INTERRUPTED)
-        except ValidationError as exc:
-            if exc.title != "Settings":
+        except Exception as exc:
+            message = user_error_message(exc)
+            if message is None:
                 raise
-            raise click.ClickException(printable(settings_message(exc))) from exc
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.ArgumentError) as exc:
-            raise click.ClickException(printable(database_message(exc, _database_url()))) from exc
-        except OSError as exc:  # a missing file, no permission, a full or read-only disk, a refused link
-            raise click.ClickException(printable(os_error_message(exc))) from exc
+            raise click.ClickException(printable(message)) from exc
 
 
 def _database_url() -> str:
+    from pydantic import ValidationError
+
     from genjob.settings import get_settings
 
     try:

@@ -15,9 +15,12 @@ Must not know: the database, the workers.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from genjob.constants import JobStatus
-from genjob.tables import Job
+
+if TYPE_CHECKING:
+    from genjob.tables import Job
 
 
 class ExitCode(IntEnum):

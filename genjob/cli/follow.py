@@ -1,8 +1,9 @@
 """Following a job until it ends: the progress bar, the idle-queue warning, and ``genjob wait``.
 
-The bar (stderr, on a terminal only) shows the phase (waiting for a worker, running), items done of
-the total, failures, tokens/s and acceptance over the last ``RATE_WINDOW_S`` seconds, and the ETA at
-that pace. With a broker, a job whose queue has messages that no worker has taken for
+The bar (stderr, on a terminal only) shows the phase (waiting for a worker; starting, in embedded
+mode, where this process is the worker; running), items done of the total, failures, tokens/s and
+acceptance over the last ``RATE_WINDOW_S`` seconds, and the ETA at that pace (``genjob.cli.pace``,
+which ``genjob top`` shares). With a broker, a job whose queue has messages that no worker has taken for
 ``GENJOB_QUEUE_IDLE_WARN_S`` gets a warning (once, until something moves). The exit codes are
 ``genjob.cli.exits``. Must not know: the workers' code, the HTTP API.
 """
@@ -11,16 +12,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import click
 
 from genjob.cli.context import Duration, job_reference, load_job, settings_and_schema
 from genjob.cli.exits import ExitCode, end_line, job_exit_code
+from genjob.cli.output import counted
+from genjob.cli.pace import Pace
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
 from genjob.queueing import queue_depths
@@ -29,36 +31,6 @@ from genjob.store.activity import running_items
 from genjob.tables import Job
 
 POLL_SECONDS = 0.5
-RATE_WINDOW_S = 30.0
-
-
-@dataclass
-class Pace:
-    """Items, tokens and drafts over the last ``RATE_WINDOW_S`` seconds of polls."""
-
-    samples: deque[tuple[float, int, int, int, int]] = field(default_factory=deque)
-
-    def add(self, job: Job, now: float) -> None:
-        self.samples.append(
-            (now, job.done + job.failed, job.new_tokens, job.draft_accepted, job.draft_proposed)
-        )
-        while len(self.samples) > 2 and now - self.samples[0][0] > RATE_WINDOW_S:
-            self.samples.popleft()
-
-    def fields(self, job: Job) -> dict[str, str]:
-        if len(self.samples) < 2:
-            return {"rate": "", "accept": "", "eta": ""}
-        (t0, items0, tokens0, acc0, prop0), (t1, items1, tokens1, acc1, prop1) = (
-            self.samples[0],
-            self.samples[-1],
-        )
-        seconds = max(t1 - t0, 1e-9)
-        items_per_s = (items1 - items0) / seconds
-        rate = f"{(tokens1 - tokens0) / seconds:,.0f} tok/s"
-        accept = f"α {(acc1 - acc0) / (prop1 - prop0):.0%}" if prop1 > prop0 else ""
-        left = job.total - items1
-        eta = f"ETA {timedelta(seconds=round(left / items_per_s))}" if items_per_s > 0 and left else ""
-        return {"rate": rate, "accept": accept, "eta": eta}
 
 
 @dataclass
@@ -79,7 +51,7 @@ class IdleWatch:
         if not waiting or self.warned or now - self.since < self.warn_after:
             return None
         self.warned = True
-        held = f" ({depth} chunks waiting)" if depth else ""
+        held = f" ({counted(depth, 'chunk')} waiting)" if depth else ""
         return (
             f"warning: no worker has taken anything from queue {job.queue!r} for {now - self.since:.0f} s"
             f"{held}: is one running? genjob worker -Q {job.queue}"
@@ -99,9 +71,9 @@ def phases(show: bool) -> Iterator[Callable[[str], None]]:
         yield lambda phase: status.update(f"{phase}…")
 
 
-def _phase(job: Job, running: int) -> str:
+def _phase(job: Job, running: int, *, embedded: bool) -> str:
     if job.status == JobStatus.QUEUED or (job.status == JobStatus.RUNNING and not running and not job.done):
-        return "waiting for a worker"
+        return "starting" if embedded else "waiting for a worker"  # embedded: this process is the worker
     return str(job.status)
 
 
@@ -146,7 +118,10 @@ def follow_job(
             now = time.monotonic()
             pace.add(job, now)
             progress.update(
-                task, total=job.total, completed=job.done + job.failed, description=_phase(job, running)
+                task,
+                total=job.total,
+                completed=job.done + job.failed,
+                description=_phase(job, running, embedded=worker is not None),
             )
             progress.tasks[task].fields.update(failed=job.failed, **pace.fields(job))
             if not settings.embedded and (warning := idle.check(job, running, depth, now)):

@@ -14,6 +14,7 @@ import click
 
 from genjob import store
 from genjob.cli.context import Duration, job_reference, load_job, settings_and_schema
+from genjob.cli.output import counted
 from genjob.constants import TERMINAL_JOB_STATUSES
 from genjob.db import session_scope
 from genjob.store.housekeeping import DELETE_BATCH, delete_job_rows, ended_before, purge_ended_jobs
@@ -41,7 +42,7 @@ def delete(job_id: str, force: bool) -> None:
             store.cancel_job(session, job=store.get_job(session, job_id=job.id))
         click.echo(f"cancelled {job.id}", err=True)
     items = delete_job_rows(settings.database_url, job_id=job.id)
-    click.echo(f"deleted job {job.id} ({items} items)")
+    click.echo(f"deleted job {job.id} ({counted(items, 'item')})")
 
 
 @click.command()
@@ -69,10 +70,11 @@ def purge(older_than: timedelta, dry_run: bool, batch_size: int) -> None:
     if dry_run:
         with session_scope(settings.database_url) as session:
             due = ended_before(session, cutoff=cutoff, limit=1_000_000)
-        click.echo(f"would purge {len(due)} jobs ({sum(total for _, total in due)} items)")
+        items = sum(total for _, total in due)
+        click.echo(f"would purge {counted(len(due), 'job')} ({counted(items, 'item')})")
         return
     report = purge_ended_jobs(settings.database_url, cutoff=cutoff, batch=batch_size)
-    click.echo(f"purged {report.jobs} jobs ({report.items} items)")
+    click.echo(f"purged {counted(report.jobs, 'job')} ({counted(report.items, 'item')})")
 
 
 COMMANDS = (delete, purge)

@@ -1,23 +1,22 @@
-"""Job commands: submit, jobs, status, stats, cancel, requeue, retry (results: ``genjob.cli.results``)."""
+"""Job commands: jobs, status, stats, cancel, requeue, retry (submit: ``genjob.cli.submit``; results:
+``genjob.cli.results``).
+
+Imports stay light at the top (no Celery, no catalog, no tokenizer): ``genjob status`` must answer
+fast; what only queueing needs is imported where it queues. Must not know: the workers, the HTTP API.
+"""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 import click
 
 from genjob import store
-from genjob.catalog import JobOptionsError, job_spec, parse_job_options
 from genjob.cli.context import Duration, job_reference, load_job, settings_and_schema
-from genjob.cli.embedded import EmbeddedRun
-from genjob.cli.exits import ExitCode, end_line, job_exit_code
-from genjob.cli.follow import follow_job, phases
-from genjob.cli.options import job_options, option_values
 from genjob.cli.output import (
     JOBS_HEADER,
+    counted,
     job_json,
     job_row,
     job_stats_json,
@@ -26,14 +25,8 @@ from genjob.cli.output import (
 )
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
-from genjob.formats.lines import InputFileError
-from genjob.generation.prompt_tokenizer import PromptTokenizer
-from genjob.queueing import BrokerUnavailable, chunks_to_queue
 from genjob.settings import Settings
-from genjob.store.idempotency import MAX_KEY_CHARS, IdempotencyConflict
-from genjob.submit import Submitter, store_job
 from genjob.tables import utcnow
-from genjob.worker.enqueue import enqueue_job
 
 
 def deadline(expire_after: timedelta | None) -> datetime | None:
@@ -44,102 +37,13 @@ def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int, ever
     """Queue what the job is missing; a broker that does not answer is the user's error, with the
     command that queues them once it is back (the items are stored: nothing is lost; a worker's
     sweeper also finishes the queueing by itself once the broker is back)."""
+    from genjob.queueing import BrokerUnavailable
+    from genjob.worker.enqueue import enqueue_job
+
     try:
         return enqueue_job(settings, job_id=job_id, chunk_size=chunk_size, everything=everything)
     except BrokerUnavailable as exc:
         raise click.ClickException(f"{exc}; once the broker is back: genjob requeue {job_id}") from exc
-
-
-@click.command()
-@click.argument("prompts", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
-@job_options()
-@click.option(
-    "--expire-after",
-    type=Duration(),
-    help="Deadline (30s, 10m, 2h, 1d): the job then ends expired, unstarted items too.",
-)
-@click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
-@click.option(
-    "--idempotency-key",
-    metavar="KEY",
-    help="Retry-safe submit: a second submit with this KEY and the same file and options prints the "
-    "first one's job (and queues nothing); with other content it is refused. Never a second job.",
-)
-@click.pass_context
-def submit(
-    ctx: click.Context,
-    prompts: Path,
-    wait: bool,
-    expire_after: timedelta | None,
-    idempotency_key: str | None,
-    **values: Any,
-) -> None:
-    """Submit PROMPTS (JSONL, one {"prompt": ..., "id": ...} per line) as a job.
-
-    The whole file is validated first; a bad line fails the submit with
-    FILE:LINE: reason and nothing is stored. Prints the job id. PROMPTS may be
-    a pipe, or - for standard input. With --input-format openai, lines are
-    OpenAI batch requests ({"custom_id": ..., "body": {"prompt" or "messages": ...}}).
-    With --wait (and in embedded mode, which runs the job here), the exit code
-    tells how the job ended: 0 all done, 3 items failed, 4 cancelled or expired.
-    """
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_KEY_CHARS:
-        raise click.ClickException(f"--idempotency-key must have 1 to {MAX_KEY_CHARS} characters")
-    settings = settings_and_schema()
-    try:
-        options = parse_job_options(option_values(values))
-        spec = job_spec(settings, options, allow_paths=True)
-    except JobOptionsError as exc:
-        raise click.ClickException(f"invalid job options: {exc}") from exc
-    try:
-        with phases(wait) as phase:
-            submitted = store_job(
-                settings,
-                path=prompts,
-                spec=spec,
-                tokenizer=PromptTokenizer(spec.model, cache_dir=settings.model_cache_dir),
-                name=options.name,
-                expires_at=deadline(expire_after),
-                input_format=options.input_format,
-                on_phase=phase,
-                submitter=Submitter.of(settings, options, spec),
-                idempotency_key=idempotency_key,
-            )
-    except (InputFileError, IdempotencyConflict) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(submitted.job_id)
-    chunk_size = options.chunk_size or settings.chunk_size
-    if submitted.reused:
-        click.echo(f"already submitted with this idempotency key: job {submitted.job_id}", err=True)
-        if wait:
-            follow_job(settings, submitted.job_id)
-            job = load_job(settings, submitted.job_id)
-            click.echo(end_line(job), err=True)
-            ctx.exit(job_exit_code(job))
-        return
-    if settings.embedded:
-        runner = EmbeddedRun(settings, submitted.job_id, chunk_size)
-        runner.start()
-        runner.follow(show=wait)
-    else:
-        with phases(wait) as phase:
-            phase("queueing")
-            enqueue_or_explain(settings, job_id=submitted.job_id, chunk_size=chunk_size)
-        if not wait:
-            return
-        try:
-            follow_job(settings, submitted.job_id)
-        except KeyboardInterrupt:
-            click.echo(
-                f"stopped following job {submitted.job_id}; it goes on: genjob wait {submitted.job_id}",
-                err=True,
-            )
-            ctx.exit(ExitCode.INTERRUPTED)
-    job = load_job(settings, submitted.job_id)
-    code = job_exit_code(job)
-    if wait or code != ExitCode.OK:
-        click.echo(end_line(job), err=True)
-    ctx.exit(code)
 
 
 @click.command("jobs")
@@ -176,7 +80,13 @@ def status(job_id: str, as_json: bool) -> None:
 @job_reference
 @click.option("--json", "as_json", is_flag=True, help="JSON: the figures and the sums they come from.")
 def stats(job_id: str, as_json: bool) -> None:
-    """Show a job's acceptance rate, accepted tokens per round, tokens/s and speedup."""
+    """Show a job's acceptance rate, wall-clock and decode tokens/s, and speedup.
+
+    Tokens/s two ways: wall-clock (new tokens over the time from when a worker
+    took the job to its end: what it delivered) and decoding (over the items'
+    own decoding seconds: the models' pace, with queueing, model loading and
+    gaps left out).
+    """
     job = load_job(settings_and_schema(), job_id)
     if as_json:
         click.echo(json.dumps(job_stats_json(job), ensure_ascii=False, indent=2))
@@ -220,6 +130,8 @@ def requeue(job_id: str, chunk_size: int | None, everything: bool, dry_run: bool
         return
     size = chunk_size or settings.chunk_size
     if dry_run:
+        from genjob.queueing import chunks_to_queue
+
         would = chunks_to_queue(
             settings,
             job_id=job.id,
@@ -227,13 +139,14 @@ def requeue(job_id: str, chunk_size: int | None, everything: bool, dry_run: bool
             max_attempts=settings.max_attempts,
             everything=everything,
         )
-        click.echo(
-            f"would queue {would} chunks of job {job.id}" if would else f"job {job.id} is missing nothing"
-        )
+        if would:
+            click.echo(f"would queue {counted(would, 'chunk')} of job {job.id}")
+        else:
+            click.echo(f"job {job.id} is missing nothing")
         return
     chunks = enqueue_or_explain(settings, job_id=job.id, chunk_size=size, everything=everything)
     if chunks:
-        click.echo(f"queued {chunks} chunks of job {job.id}")
+        click.echo(f"queued {counted(chunks, 'chunk')} of job {job.id}")
     else:
         click.echo(f"job {job.id} is missing nothing: its items are queued or held by workers (--all: again)")
 
@@ -262,7 +175,7 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
         click.echo(f"job {job.id} has no failed items: nothing to retry")
         return
     enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size, everything=True)
-    click.echo(f"retrying {retried} failed items of job {job.id}")
+    click.echo(f"retrying {counted(retried, 'failed item')} of job {job.id}")
 
 
-COMMANDS = (submit, list_jobs, status, stats, cancel, requeue, retry)
+COMMANDS = (list_jobs, status, stats, cancel, requeue, retry)

@@ -55,15 +55,18 @@ def _option(name: str, field: FieldInfo) -> Callable[[F], F]:
         default = default.value
     param_type = _param_type(annotation, field.metadata)
     checked = annotation is str and bool(field.metadata)
+    # No default at all rather than default=None: click 8.3 takes an explicit None for a value given,
+    # so a required option left out would reach the model (pydantic's "Field required", exit 1)
+    # instead of click's usage error (exit 2).
+    defaults = {} if default is None else {"default": default, "show_default": True}
     return click.option(
         *flags,
         name,
         type=param_type,
         required=field.is_required(),
-        default=default,
-        show_default=default is not None,
         help=field.description,
         callback=_field_check(name, field) if checked else None,
+        **defaults,
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from genjob.api.schemas import JobOut
 from genjob.cli.errors import printable
 from genjob.stats import JobStats, job_stats
 from genjob.tables import Job
@@ -16,19 +15,41 @@ from genjob.tables import Job
 
 def job_json(job: Job) -> dict[str, Any]:
     """The job as ``GET /v1/jobs/{id}`` answers it."""
-    return JobOut.of(job).model_dump(mode="json")
+    from genjob.api.schemas import JobOut  # pydantic and the API's models: only for --json
+
+    return _models_as_given(job, JobOut.of(job).model_dump(mode="json"))
+
+
+def _models_as_given(job: Job, data: dict[str, Any]) -> dict[str, Any]:
+    """A model given as a path named by the whole path (``genjob.formats.openai_output.job_model``):
+    the API's JobOut names it by its last part, and two models called ``target`` look alike."""
+    if job.model_name is None:
+        data["model"] = data["spec"]["model"] = job.model
+    if job.assistant is not None and job.assistant_name is None:
+        data["assistant"] = data["spec"]["assistant"] = job.assistant
+    return data
 
 
 def job_stats_json(job: Job) -> dict[str, Any]:
     """The job's stats (figures and the sums they come from), with its id and state."""
+    from genjob.api.schemas import JobOut
+
     out = JobOut.of(job)
+    stats = job_stats(job)
     return {
         "id": out.id,
         "status": out.status.value,
         "done": out.done,
         "total": out.total,
         **out.stats.model_dump(),
+        "elapsed_seconds": stats.elapsed_seconds,
+        "elapsed_tokens_per_second": stats.elapsed_tokens_per_second,
     }
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 chunk``, ``3 chunks``: ``noun`` in the singular, an s added for any count but one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def fmt_time(value: datetime | None) -> str:
@@ -87,6 +108,10 @@ def _costs(job: Job) -> str:
     )
 
 
+def _elapsed(stats: JobStats) -> str:
+    return "-" if stats.elapsed_seconds is None else f"{stats.elapsed_seconds:.1f} s"
+
+
 def job_stats_lines(job: Job) -> list[str]:
     stats = job_stats(job)
     return [
@@ -102,7 +127,10 @@ def job_stats_lines(job: Job) -> list[str]:
         f"draft length γ:          {_histogram(job.gamma_hist)}  (rounds by k)",
         f"drafts per row:          {_histogram(job.drafts_hist)}  (row-rounds by drafts the row had)",
         f"mean batch size:         {fmt_float(stats.mean_batch_size, '{:.1f}')}",
-        f"tokens/s:                {fmt_float(stats.tokens_per_second, '{:.1f}')}",
+        f"tokens/s wall-clock:     {fmt_float(stats.elapsed_tokens_per_second, '{:.1f}')}"
+        f"  (new tokens / {_elapsed(stats)} from start to end)",
+        f"tokens/s decoding:       {fmt_float(stats.tokens_per_second, '{:.1f}')}"
+        f"  (new tokens / the items' {job.generate_seconds:.1f} s of decoding)",
         f"costs:                   {_costs(job)}",
         f"cost ratio c:            {fmt_float(job.cost_ratio)}",
         f"expected speedup:        {fmt_float(stats.expected_speedup, '{:.2f}x')}",

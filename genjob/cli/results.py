@@ -19,6 +19,7 @@ import click
 
 from genjob.cli.context import job_reference, load_job, settings_and_schema
 from genjob.cli.errors import printable
+from genjob.cli.output import counted
 from genjob.cli.output_file import output_file
 from genjob.constants import ItemStatus
 from genjob.db import session_scope
@@ -74,7 +75,9 @@ def results(job_id: str, fmt: str, output: Path | None, status: str | None, csv_
             with output_file(output, binary=True) as stream:
                 written = _parquet(records, stream)
         else:
-            chunks = export_job(session, job=job, fmt=ResultFormat(fmt), status=status, csv_safe=csv_safe)
+            chunks = export_job(
+                session, job=job, fmt=ResultFormat(fmt), status=status, csv_safe=csv_safe, model_paths=True
+            )
             if output is None:
                 terminal = _on_terminal()
                 stdout = sys.stdout  # not click.echo: it drops escape sequences from what goes to a pipe
@@ -88,7 +91,7 @@ def results(job_id: str, fmt: str, output: Path | None, status: str | None, csv_
                     written += 1
     if fmt == ResultFormat.CSV and written:
         written -= 1  # the header
-    click.echo(f"wrote {written} records to {output}", err=True)
+    click.echo(f"wrote {counted(written, 'record')} to {output}", err=True)
 
 
 def _parquet(records: Iterator[dict], stream: IO) -> int:

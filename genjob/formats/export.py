@@ -116,11 +116,19 @@ def render(records: Iterator[dict[str, Any]], fmt: ResultFormat, *, csv_safe: bo
 
 
 def export_job(
-    session: Session, *, job: Job, fmt: ResultFormat, status: str | None = None, csv_safe: bool = False
+    session: Session,
+    *,
+    job: Job,
+    fmt: ResultFormat,
+    status: str | None = None,
+    csv_safe: bool = False,
+    model_paths: bool = False,
 ) -> Iterator[str]:
-    """Text chunks of a job's export in ``fmt``, one per item in input order."""
+    """Text chunks of a job's export in ``fmt``, one per item in input order; ``model_paths``: OpenAI
+    lines name a model given as a path by the whole path (the CLI), not its last part (the API)."""
     if fmt is not ResultFormat.OPENAI:
         yield from render(iter_result_records(session, job_id=job.id, status=status), fmt, csv_safe=csv_safe)
         return
     for item, result in store.iter_results(session, job_id=job.id, status=status):
-        yield json.dumps(response_record(job, item, result), ensure_ascii=False) + "\n"
+        record = response_record(job, item, result, model_paths=model_paths)
+        yield json.dumps(record, ensure_ascii=False) + "\n"

@@ -51,7 +51,15 @@ def model_label(location: str) -> str:
     return location.rstrip("/").rsplit("/", 1)[-1] if location.startswith(("/", ".", "~")) else location
 
 
-def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
+def job_model(job: Job, *, paths: bool = False) -> str:
+    """The job's target as an output names it: by the allow-list name it was submitted with, else a hub
+    id as is and a local path whole with ``paths`` (the CLI: whoever runs the workers gave that path,
+    and two models called ``target`` must not look alike), by its last part without (the API: never a
+    server path)."""
+    return job.model_name or (job.model if paths else model_label(job.model))
+
+
+def response_body(job: Job, item: Item, result: Result, *, model_paths: bool = False) -> dict[str, Any]:
     endpoint = job.spec.get("endpoint") or OpenAIEndpoint.COMPLETIONS
     created = int(result.created_at.timestamp()) if result.created_at else None
     if endpoint == OpenAIEndpoint.CHAT_COMPLETIONS:
@@ -69,21 +77,24 @@ def response_body(job: Job, item: Item, result: Result) -> dict[str, Any]:
         "id": f"{prefix}-{job.id}-{item.seq}",
         "object": kind,
         "created": created,
-        "model": job.model_name or model_label(job.model),
+        "model": job_model(job, paths=model_paths),
         "choices": [choice],
         "usage": _usage(result),
         "genjob": _speculative(result),
     }
 
 
-def response_record(job: Job, item: Item, result: Result | None) -> dict[str, Any]:
-    """One OpenAI batch output line for an item (a response, or an error saying why there is none)."""
+def response_record(
+    job: Job, item: Item, result: Result | None, *, model_paths: bool = False
+) -> dict[str, Any]:
+    """One OpenAI batch output line for an item (a response, or an error saying why there is none);
+    ``model_paths``: see ``job_model``."""
     record: dict[str, Any] = {"id": f"batch_req_{job.id}_{item.seq}", "custom_id": item.custom_id}
     if result is not None and item.status == ItemStatus.DONE:
         record["response"] = {
             "status_code": 200,
             "request_id": f"{job.id}-{item.seq}",
-            "body": response_body(job, item, result),
+            "body": response_body(job, item, result, model_paths=model_paths),
         }
         record["error"] = None
         return record

@@ -1,4 +1,5 @@
-"""Finding jobs by name, deleting them, and purging old ones: in batches, each its own transaction.
+"""Finding jobs by name or id prefix, deleting them, and purging old ones: in batches, each its own
+transaction.
 
 A big job has millions of items, results and attempts: deleting it in one transaction would hold
 locks and bloat the log for minutes. So its rows go in batches (``DELETE_BATCH`` items at a time,
@@ -38,6 +39,14 @@ def newest_named(session: Session, *, name: str) -> NameMatch | None:
         select(Job).where(Job.name == name).order_by(Job.created_at.desc(), Job.id.desc()).limit(1)
     ).one()
     return NameMatch(job, count)
+
+
+def ids_starting_with(session: Session, *, prefix: str, limit: int) -> tuple[list[str], int]:
+    """Up to ``limit`` ids of the jobs whose id starts with ``prefix`` (newest first), and how many are."""
+    where = Job.id.startswith(prefix, autoescape=True)
+    count = session.scalar(select(func.count()).select_from(Job).where(where)) or 0
+    ids = session.scalars(select(Job.id).where(where).order_by(Job.created_at.desc(), Job.id).limit(limit))
+    return list(ids), count
 
 
 def _delete_item_batch(session: Session, *, job_id: str, batch: int) -> int:

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from conftest import write_jsonl
 
 from genjob.cli import main
+from genjob.cli.lazy import COMMANDS, load_command
 from genjob.db import session_scope
 from genjob.options import JobOptions
 from genjob.tables import Job
@@ -139,15 +140,15 @@ def test_submit_options_are_checked_by_their_declaration(
 
 
 def test_every_job_option_is_a_submit_option() -> None:
-    names = {param.name for param in main.commands["submit"].params}
+    names = {param.name for param in load_command("submit").params}
     assert set(JobOptions.model_fields) <= names
 
 
 def test_every_command_has_help() -> None:
-    for name, command in main.commands.items():
+    for name in COMMANDS:
         result = CliRunner().invoke(main, [name, "--help"])
         assert result.exit_code == 0, name
-        assert command.help, name
+        assert load_command(name).help, name
 
 
 def test_expire_after_must_be_a_duration(embedded_env: str, tmp_path: Path) -> None:
@@ -175,7 +176,7 @@ def test_retry_reruns_the_failed_items_only(embedded_env: str, scripted_models, 
 
     poison.unlink()
     retried = CliRunner().invoke(main, ["retry", job_id])
-    assert (retried.exit_code, retried.output) == (0, f"retrying 1 failed items of job {job_id}\n")
+    assert (retried.exit_code, retried.output) == (0, f"retrying 1 failed item of job {job_id}\n")
     with session_scope(embedded_env) as session:
         job = session.get(Job, job_id)
         assert (job.status, job.done, job.failed) == ("completed", 2, 0)

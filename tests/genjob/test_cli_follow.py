@@ -46,7 +46,7 @@ def test_wait_times_out_and_warns_that_nothing_consumes_the_queue(
     assert result.exit_code == 5
     warning, end = result.stderr.splitlines()
     assert re.fullmatch(
-        rf"warning: no worker has taken anything from queue '{queue_name}' for \d s \(1 chunks waiting\): "
+        rf"warning: no worker has taken anything from queue '{queue_name}' for \d s \(1 chunk waiting\): "
         rf"is one running\? genjob worker -Q {queue_name}",
         warning,
     )
@@ -162,7 +162,7 @@ def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp
     assert process.returncode == 130, err
     assert "terminate called" not in err
     match = re.search(
-        rf"interrupted: job {job_id} stopped \((\d+) of 15 done; (\d) items in flight given back\); "
+        rf"interrupted: job {job_id} stopped \((\d+) of 15 done; (\d) items? in flight given back\); "
         rf"resume it with `genjob requeue {job_id}`, or drop it with `genjob cancel {job_id}`",
         err,
     )

@@ -140,7 +140,7 @@ def test_parquet_to_a_file_with_the_users_umask(env: str, tmp_path: Path) -> Non
         ("q1", "failed", None),
     ]
     csv_out = invoke("results", job_id, "--format", "csv", "--status", "failed", "-o", "f.csv")
-    assert csv_out.output == "wrote 1 records to f.csv\n"
+    assert csv_out.output == "wrote 1 record to f.csv\n"
 
 
 def test_results_errors_are_one_line(env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,7 +179,7 @@ def test_delete_refuses_a_live_job_unless_forced(env: str, tmp_path: Path) -> No
     forced = invoke("delete", job_id, "--force")
     assert (forced.exit_code, forced.stdout, forced.stderr) == (
         0,
-        f"deleted job {job_id} (1 items)\n",
+        f"deleted job {job_id} (1 item)\n",
         f"cancelled {job_id}\n",
     )
     assert invoke("status", job_id).output == f"Error: no job '{job_id}'\n"
@@ -190,8 +190,8 @@ def test_purge_old_ended_jobs_in_batches(env: str, tmp_path: Path) -> None:
     new = submit(tmp_path, ["a"]).stdout.strip()
     with session_scope(env) as session:
         session.execute(update(Job).where(Job.id == old).values(finished_at=utcnow() - timedelta(days=40)))
-    assert invoke("purge", "--older-than", "30d", "--dry-run").output == "would purge 1 jobs (3 items)\n"
-    assert invoke("purge", "--older-than", "30d", "--batch-size", "2").output == "purged 1 jobs (3 items)\n"
+    assert invoke("purge", "--older-than", "30d", "--dry-run").output == "would purge 1 job (3 items)\n"
+    assert invoke("purge", "--older-than", "30d", "--batch-size", "2").output == "purged 1 job (3 items)\n"
     assert invoke("status", old).exit_code == 1
     assert invoke("status", new).exit_code == 0
     assert invoke("purge", "--older-than", "30d").output == "purged 0 jobs (0 items)\n"

@@ -185,7 +185,7 @@ def test_redis_restart_mid_job_and_submit_during_the_outage(
     requeued = run_cli(env, "requeue", stored)
     assert requeued.returncode == 0, requeued.stderr
     assert requeued.stdout in (
-        f"queued 1 chunks of job {stored}\n",
+        f"queued 1 chunk of job {stored}\n",
         f"job {stored} is missing nothing: its items are queued or held by workers (--all: again)\n",
         f"job {stored} already ended (completed): nothing to queue\n",
     )

@@ -101,7 +101,7 @@ def test_poison_item_is_retried_then_failed_and_genjob_retry_reruns_only_it(
 
     poison.unlink()  # the cause is fixed: a retry now succeeds
     retried = run_cli(env, "retry", job_id)
-    assert (retried.returncode, retried.stdout) == (0, f"retrying 1 failed items of job {job_id}\n")
+    assert (retried.returncode, retried.stdout) == (0, f"retrying 1 failed item of job {job_id}\n")
     job = wait_for_job_end(pg_url, job_id)
     assert (job.status, job.done, job.failed) == ("completed", 10, 0)
     tries = attempts_of(pg_url, job_id)
