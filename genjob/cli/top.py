@@ -1,10 +1,14 @@
 """``genjob top``: a live terminal view of the jobs that are running and the workers running them.
 
-Per job: progress, failures, tokens/s and acceptance now (the last minute) and as sparklines over the
-window (from its results, bucketed in the database, so the recent past shows at once), the measured
-speedup (its sparkline grows while top runs: it is sampled from the job's sums), and the ETA at the
-last minute's pace. Per worker: items running, results and tokens/s over the window, its last
-result. With a broker, the messages waiting in each queue. ``--once`` prints one frame and exits.
+Per job, in the order they give way on a narrow terminal: its id, status, done/total, tokens/s and
+ETA, then failures, acceptance (α) and measured speedup, then items running, a progress bar, its
+name, and last the sparklines of tokens/s, acceptance (from its results, bucketed in the database, so
+the recent past shows at once) and speedup (sampled from the job's sums while top runs). Columns are
+dropped from the end of that order until the rest fits the terminal. Tokens/s, α and ETA are the
+job's recent pace, the one ``genjob wait`` shows (``genjob.cli.pace``), started from its results of
+the last ``RATE_WINDOW_S`` seconds. Per worker: online or offline (with a broker, whether it answers
+a ping), items running, results in the window, tokens/s over the last ``RATE_WINDOW_S`` seconds, its
+last result. With a broker, the messages waiting in each queue. ``--once`` prints one frame and exits.
 Must not know: the workers' code, the HTTP API.
 """
 
@@ -12,27 +16,32 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import click
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from genjob.cli.context import Duration, settings_and_schema
 from genjob.cli.errors import printable
+from genjob.cli.pace import RATE_WINDOW_S, Pace, Rate
 from genjob.db import session_scope
-from genjob.queueing import queue_depths
+from genjob.queueing import online_workers, queue_depths
 from genjob.settings import Settings
 from genjob.stats import measured_speedup
 from genjob.store import activity
 from genjob.tables import Job, utcnow
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
 SPARKS = "▁▂▃▄▅▆▇█"
 COLUMNS = 20  # sparkline width: the window in this many buckets
-RECENT_S = 60
 WIDE_OUTPUT = 240  # columns of a frame printed to a file or pipe
 
 
@@ -49,12 +58,16 @@ def sparkline(values: Sequence[float | None]) -> str:
 class JobView:
     job: Job
     running: int
+    rate: Rate | None  # the recent pace, as `genjob wait` has it; None until it can be told
     tokens_per_s: list[float | None]  # per bucket, oldest first
     acceptance: list[float | None]
-    recent_items: int  # results in the last RECENT_S
-    recent_tokens: int
-    recent_accepted: int
-    recent_proposed: int
+
+
+@dataclass
+class WorkerView:
+    activity: activity.WorkerActivity  # results in the window, items running now
+    recent_tokens: int  # new tokens of its results in the last RATE_WINDOW_S
+    online: bool | None  # answers a ping; None: not known (no broker, or it did not answer us)
 
 
 @dataclass
@@ -62,12 +75,60 @@ class Frame:
     now: datetime
     width: int  # seconds per bucket
     jobs: list[JobView]
-    workers: list[activity.WorkerActivity]
+    workers: list[WorkerView]
     queues: dict[str, int]
 
 
-def collect(settings: Settings, *, window: timedelta, now: datetime | None = None) -> Frame:
+@dataclass
+class History:
+    """What top keeps between frames: each job's pace, and its measured speedup at every refresh."""
+
+    paces: dict[str, Pace] = field(default_factory=dict)
+    speedups: dict[str, deque[float | None]] = field(default_factory=dict)
+
+    def add(self, frame: Frame) -> None:
+        for view in frame.jobs:
+            self.speedups.setdefault(view.job.id, deque(maxlen=COLUMNS)).append(measured_speedup(view.job))
+
+    def speedup(self, job_id: str) -> list[float | None]:
+        return list(self.speedups.get(job_id, ()))
+
+
+def _epoch(moment: datetime) -> float:
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()  # SQLite: naive UTC
+
+
+def _paces(session: Session, jobs: Sequence[Job], history: History, now: datetime) -> dict[str, Rate | None]:
+    """Each job's pace after this frame's sample; a job seen for the first time starts from its
+    results of the last RATE_WINDOW_S seconds (or since it started, if later)."""
+    new = [job for job in jobs if job.id not in history.paces and job.started_at is not None]
+    since = now - timedelta(seconds=RATE_WINDOW_S)
+    recent = activity.result_buckets(session, job_ids=[job.id for job in new], since=since, width=1)
+    for job in new:
+        assert job.started_at is not None
+        buckets = recent.get(job.id, [])
+        history.paces[job.id] = pace = Pace()
+        pace.seed(
+            job,
+            at=max(_epoch(since), _epoch(job.started_at)),
+            items=sum(b.items for b in buckets),
+            tokens=sum(b.new_tokens for b in buckets),
+            accepted=sum(b.accepted for b in buckets),
+            proposed=sum(b.proposed for b in buckets),
+        )
+    rates: dict[str, Rate | None] = {}
+    for job in jobs:
+        pace = history.paces.setdefault(job.id, Pace())
+        pace.add(job, now.timestamp())
+        rates[job.id] = pace.rate(job)
+    return rates
+
+
+def collect(
+    settings: Settings, *, window: timedelta, history: History | None = None, now: datetime | None = None
+) -> Frame:
     now = now or utcnow()
+    history = history if history is not None else History()
     width = max(1, round(window.total_seconds() / COLUMNS))
     first = int(now.timestamp()) // width * width - (COLUMNS - 1) * width
     since = datetime.fromtimestamp(first, tz=now.tzinfo)
@@ -77,104 +138,162 @@ def collect(settings: Settings, *, window: timedelta, now: datetime | None = Non
         buckets = activity.result_buckets(session, job_ids=ids, since=since, width=width)
         running = activity.running_items(session, job_ids=ids)
         workers = activity.worker_activity(session, since=since)
+        recent = activity.worker_activity(session, since=now - timedelta(seconds=RATE_WINDOW_S))
+        rates = _paces(session, jobs, history, now)
     views = []
-    recent_from = now.timestamp() - RECENT_S
+    starts = [first + i * width for i in range(COLUMNS)]
     for job in jobs:
         by_start = {bucket.start: bucket for bucket in buckets.get(job.id, [])}
-        starts = [first + i * width for i in range(COLUMNS)]
         series = [by_start.get(start) for start in starts]
-        recent = [b for b in buckets.get(job.id, []) if b.start + width > recent_from]
         views.append(
             JobView(
                 job=job,
                 running=running.get(job.id, 0),
+                rate=rates[job.id],
                 tokens_per_s=[b.new_tokens / width if b else 0.0 for b in series],
                 acceptance=[b.accepted / b.proposed if b and b.proposed else None for b in series],
-                recent_items=sum(b.items for b in recent),
-                recent_tokens=sum(b.new_tokens for b in recent),
-                recent_accepted=sum(b.accepted for b in recent),
-                recent_proposed=sum(b.proposed for b in recent),
             )
         )
     queues: dict[str, int] = {}
+    online: set[str] | None = None
     if settings.broker_url:
         queues = queue_depths(settings.broker_url, {settings.queue, *(job.queue for job in jobs)})
-    return Frame(now, width, views, workers, queues)
+        online = online_workers(settings.broker_url)
+    return Frame(now, width, views, _worker_views(workers, recent, online), queues)
 
 
-@dataclass
-class SpeedupHistory:
-    """The measured speedup of each job, sampled at every refresh (the last COLUMNS samples)."""
+def _worker_views(
+    workers: Sequence[activity.WorkerActivity],
+    recent: Sequence[activity.WorkerActivity],
+    online: set[str] | None,
+) -> list[WorkerView]:
+    """Every worker with results in the window or items running, and every worker that answers a
+    ping (an idle one too); each marked online or offline when the broker could be asked."""
+    tokens = {worker.worker: worker.new_tokens for worker in recent}
+    seen = {worker.worker: worker for worker in workers}
+    for name in sorted((online or set()) - set(seen)):
+        seen[name] = activity.WorkerActivity(name, 0, 0, None, 0)
+    return [
+        WorkerView(worker, tokens.get(name, 0), None if online is None else name in online)
+        for name, worker in sorted(seen.items())
+    ]
 
-    samples: dict[str, deque[float | None]] = field(default_factory=dict)
 
-    def add(self, frame: Frame) -> None:
-        for view in frame.jobs:
-            self.samples.setdefault(view.job.id, deque(maxlen=COLUMNS)).append(measured_speedup(view.job))
+@dataclass(frozen=True)
+class Column:
+    header: str
+    priority: int  # 0 stays longest on a narrow terminal
+    cells: list[str | Text]
 
-    def of(self, job_id: str) -> list[float | None]:
-        return list(self.samples.get(job_id, ()))
+    @property
+    def width(self) -> int:
+        return max([cell_len(self.header), *(cell_len(str(cell)) for cell in self.cells)])
+
+
+GAP = 2  # between columns: a space of padding on each side
+
+
+def fitted(columns: Sequence[Column], width: int) -> list[Column]:
+    """The columns, in their order, that fit ``width``: taken by priority until the next does not."""
+    kept: set[int] = set()
+    used = -GAP
+    for index in sorted(range(len(columns)), key=lambda i: columns[i].priority):
+        used += columns[index].width + GAP
+        if kept and used > width:
+            break
+        kept.add(index)
+    return [column for index, column in enumerate(columns) if index in kept]
+
+
+def table(title: str, columns: Sequence[Column], width: int) -> Table:
+    shown = fitted(columns, width)
+    grid = Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+    for column in shown:
+        grid.add_column(column.header, no_wrap=True)
+    for row in zip(*(column.cells for column in shown), strict=True):
+        grid.add_row(*row)
+    return grid
 
 
 def _eta(view: JobView) -> str:
-    left = view.job.total - view.job.done - view.job.failed
-    if not left:
+    if not view.job.total - view.job.done - view.job.failed:
         return "-"
-    if not view.recent_items:
-        return "?"
-    return str(timedelta(seconds=round(left / (view.recent_items / RECENT_S))))
+    return str(view.rate.eta) if view.rate is not None and view.rate.eta is not None else "?"
 
 
-def _progress(job: Job, width: int = 10) -> str:
-    finished = job.done + job.failed
-    share = finished / job.total if job.total else 0.0
+def _bar(job: Job, width: int = 10) -> str:
+    share = (job.done + job.failed) / job.total if job.total else 0.0
     filled = round(share * width)
-    return f"{'█' * filled}{'░' * (width - filled)} {share:4.0%} {finished}/{job.total}"
+    return f"{'█' * filled}{'░' * (width - filled)} {share:4.0%}"
 
 
-def render(frame: Frame, history: SpeedupHistory) -> Group:
-    jobs = Table(
-        title=f"genjob top · {frame.now:%H:%M:%S} UTC · sparklines: {frame.width * COLUMNS // 60} min"
-    )
-    for name in ("job", "status", "progress", "failed", "tok/s", "α", "speedup", "ETA"):
-        jobs.add_column(name, no_wrap=True)
-    for name in ("tok/s trend", "α trend", "speedup trend"):
-        jobs.add_column(name, no_wrap=True, width=COLUMNS)
-    for view in frame.jobs:
-        job = view.job
-        label = job.id + (f" {printable(job.name, keep_newlines=False)[:16]}" if job.name else "")
-        speedup = measured_speedup(job)
-        accept = f"{view.recent_accepted / view.recent_proposed:.0%}" if view.recent_proposed else "-"
-        jobs.add_row(
-            label,
-            f"{job.status} ({view.running} running)" if view.running else str(job.status),
-            _progress(job),
-            str(job.failed),
-            f"{view.recent_tokens / RECENT_S:,.1f}",
-            accept,
-            f"{speedup:.2f}x" if speedup is not None else "-",
-            _eta(view),
-            Text(sparkline(view.tokens_per_s)),
-            Text(sparkline(view.acceptance)),
-            Text(sparkline(history.of(job.id))),
-        )
-    if not frame.jobs:
-        jobs.add_row("(no queued or running jobs)", *[""] * 10)
-    workers = Table(title="workers (results in the window; running now)")
-    for name in ("worker", "running", "items", "tok/s", "last result"):
-        workers.add_column(name, no_wrap=True)
-    window_s = frame.width * COLUMNS
-    for worker in frame.workers:
-        age = f"{(frame.now - worker.last_result).total_seconds():.0f} s ago" if worker.last_result else "-"
-        workers.add_row(
-            printable(worker.worker, keep_newlines=False),
-            str(worker.running),
-            str(worker.items),
-            f"{worker.new_tokens / window_s:,.1f}",
-            age,
-        )
+def _job_columns(views: Sequence[JobView], history: History) -> list[Column]:
+    def cells(fn: Callable[[JobView], str | Text]) -> list[str | Text]:
+        return [fn(view) for view in views]
+
+    def speedup(view: JobView) -> str:
+        value = measured_speedup(view.job)
+        return f"{value:.2f}x" if value is not None else "-"
+
+    def rate(view: JobView) -> str:
+        return f"{view.rate.tokens_per_s:,.1f}" if view.rate is not None else "-"
+
+    def accept(view: JobView) -> str:
+        acceptance = view.rate.acceptance if view.rate is not None else None
+        return f"{acceptance:.0%}" if acceptance is not None else "-"
+
+    return [
+        Column("job", 0, cells(lambda v: v.job.id)),
+        Column("name", 10, cells(lambda v: printable(v.job.name or "", keep_newlines=False)[:16])),
+        Column("status", 1, cells(lambda v: str(v.job.status))),
+        Column("running", 8, cells(lambda v: str(v.running))),
+        Column("progress", 9, cells(lambda v: _bar(v.job))),
+        Column("done/total", 2, cells(lambda v: f"{v.job.done}/{v.job.total}")),
+        Column("failed", 5, cells(lambda v: str(v.job.failed))),
+        Column("tok/s", 3, cells(rate)),
+        Column("α", 6, cells(accept)),
+        Column("speedup", 7, cells(speedup)),
+        Column("ETA", 4, cells(_eta)),
+        Column("tok/s trend".ljust(COLUMNS), 11, cells(lambda v: Text(sparkline(v.tokens_per_s)))),
+        Column("α trend".ljust(COLUMNS), 12, cells(lambda v: Text(sparkline(v.acceptance)))),
+        Column("speedup trend", 13, cells(lambda v: Text(sparkline(history.speedup(v.job.id))))),
+    ]
+
+
+def _worker_columns(frame: Frame) -> list[Column]:
+    def state(view: WorkerView) -> str:
+        return "-" if view.online is None else "online" if view.online else "offline"
+
+    def last(view: WorkerView) -> str:
+        at = view.activity.last_result
+        return f"{(frame.now - at).total_seconds():.0f} s ago" if at else "-"
+
+    views = frame.workers
+    return [
+        Column("worker", 0, [printable(v.activity.worker, keep_newlines=False) for v in views]),
+        Column("state", 1, [state(v) for v in views]),
+        Column("running", 2, [str(v.activity.running) for v in views]),
+        Column("tok/s", 3, [f"{v.recent_tokens / RATE_WINDOW_S:,.1f}" for v in views]),
+        Column("items", 4, [str(v.activity.items) for v in views]),
+        Column("last result", 5, [last(v) for v in views]),
+    ]
+
+
+def render(frame: Frame, history: History, width: int = WIDE_OUTPUT) -> Group:
+    """The frame as tables that fit ``width`` columns (the terminal's)."""
+    window = f"{frame.width * COLUMNS // 60} min"
+    title = f"genjob top · {frame.now:%H:%M:%S} UTC · trends: {window}"
+    parts: list[Table | Text] = [
+        table(title, _job_columns(frame.jobs, history), width)
+        if frame.jobs
+        else Text(f"{title}\n(no queued or running jobs)")
+    ]
+    if frame.workers:
+        heading = f"workers · items: results in {window} · tok/s: the last {RATE_WINDOW_S:.0f} s"
+        parts.append(table(heading, _worker_columns(frame), width))
     queues = "  ".join(f"{queue}: {depth} waiting" for queue, depth in sorted(frame.queues.items()))
-    return Group(jobs, workers, Text(f"queues: {queues}" if queues else ""))
+    parts.append(Text(f"queues: {queues}" if queues else ""))
+    return Group(*parts)
 
 
 @click.command()
@@ -186,27 +305,31 @@ def render(frame: Frame, history: SpeedupHistory) -> Group:
 def top(interval: float, window: timedelta, once: bool) -> None:
     """A live view of running jobs and workers: progress, tokens/s, acceptance, speedup, ETA.
 
-    Sparklines show the last --window. Ctrl-C quits.
+    Tokens/s, α and ETA are the recent pace (the last 30 s), as `genjob wait`
+    shows it. The columns that do not fit the terminal are left out, the
+    sparklines of the last --window first. Workers that do not answer are
+    marked offline. Ctrl-C quits.
     """
     from rich.live import Live
 
     settings = settings_and_schema()
     window = min(max(window, timedelta(minutes=1)), timedelta(hours=1))
-    history = SpeedupHistory()
+    history = History()
     console = Console()
-    frame = collect(settings, window=window)
+    frame = collect(settings, window=window, history=history)
     history.add(frame)
     if once or not console.is_terminal:
         wide = console if console.is_terminal else Console(width=WIDE_OUTPUT)  # a log or a pipe: no cropping
-        wide.print(render(frame, history))
+        wide.print(render(frame, history, wide.width))
         return
     try:
-        with Live(render(frame, history), console=console, screen=True, auto_refresh=False) as live:
+        first = render(frame, history, console.width)
+        with Live(first, console=console, screen=True, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                frame = collect(settings, window=window)
+                frame = collect(settings, window=window, history=history)
                 history.add(frame)
-                live.update(render(frame, history), refresh=True)
+                live.update(render(frame, history, console.width), refresh=True)
     except KeyboardInterrupt:
         return
 
