@@ -29,6 +29,9 @@ def create_app(settings: Settings) -> Celery:
         # A chunk is acknowledged only once done; a worker that dies mid-chunk gets it redelivered.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # A chunk that ends in an exception (ChunkNotClean: items failed for good) is acknowledged
+        # too: its outcome is recorded, and running it again would not change it.
+        task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         broker_connection_retry_on_startup=True,

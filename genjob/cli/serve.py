@@ -56,9 +56,12 @@ def flower(address: str, port: int, flower_args: tuple[str, ...]) -> None:
     """Run Flower, the Celery dashboard, on the broker the workers use.
 
     It shows the workers and every chunk task (genjob.generate_chunk; its
-    arguments read job=ID items 0-63, its result starts with the chunk's kind:
-    clean, WITH FAILURES, stopped or WORKER FAULT). Listening beyond loopback needs authentication:
-    --basic-auth=user:password (or FLOWER_BASIC_AUTH). Its HTTP API (/api/...)
+    arguments read job=ID items 0-63). A chunk that went well is a SUCCESS
+    whose result starts with its kind, clean or stopped; one with items that
+    failed (or whose worker failed) is a FAILURE, its kind and counts in its
+    exception: WITH FAILURES or WORKER FAULT. It is not run again. Listening
+    beyond loopback needs authentication: --basic-auth=user:password (or
+    FLOWER_BASIC_AUTH). Its HTTP API (/api/...)
     also needs authentication, or FLOWER_UNAUTHENTICATED_API=true. Extra
     arguments go to Flower as they are.
     """
