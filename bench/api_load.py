@@ -13,27 +13,17 @@ count and time; loopback only.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import uuid
-from pathlib import Path
 
 import httpx
-import redis
-from sqlalchemy import create_engine, text
+import repo_root  # noqa: F401 (the repository root on sys.path: tests.support)
 
-from genjob import db
-from genjob.queueing import queue_keys
+from tests.support.databases import pg_database, throwaway_queue
+from tests.support.processes import GENJOB, ServiceProcess, free_port, service_env, wait_until_serving
 
-GENJOB = str(Path(sys.executable).with_name("genjob"))
-PG_ADMIN_URL = os.environ.get(
-    "GENJOB_BENCH_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("GENJOB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 KEYS = ("load-key-a-0123456789", "load-key-b-0123456789")
 LINE = b'{"prompt": "def f(x):"}\n'
 
@@ -66,54 +56,26 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between a client's requests")
     parser.add_argument("--submit-every", type=int, default=10)
     args = parser.parse_args()
-    name = f"genjob_load_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    db.upgrade(url)
-    queue, port = f"load-{uuid.uuid4().hex[:6]}", 18000 + os.getpid() % 1000
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
-    env.update(
-        GENJOB_DATABASE_URL=url,
-        GENJOB_BROKER_URL=REDIS_URL,
-        GENJOB_QUEUE=queue,
-        GENJOB_API_KEYS=",".join(KEYS),
-        GENJOB_MODELS='{"m": "some/model"}',
-    )
-    api = subprocess.Popen(
-        [GENJOB, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    base = f"http://127.0.0.1:{port}"
     out: dict[str, list] = {"status_ms": [], "status_codes": [], "submits": []}
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{base}/healthz", timeout=2)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        threads = [
-            threading.Thread(
-                target=client_loop,
-                args=(base, KEYS[i % 2], args.seconds, args.interval, args.submit_every, out),
-            )
-            for i in range(args.clients)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        api.terminate()
-        api.wait(timeout=30)
-        redis.Redis.from_url(REDIS_URL).delete(*queue_keys(queue))
-        admin.dispose()
-        with create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with pg_database("genjob_load") as url, throwaway_queue("load") as queue:
+        port = free_port()
+        env = service_env(
+            url, queue, cost_cache_dir=None, api_keys=",".join(KEYS), models='{"m": "some/model"}'
+        )
+        with ServiceProcess([GENJOB, "api", "--port", str(port)], env):
+            base = f"http://127.0.0.1:{port}"
+            wait_until_serving(base)
+            threads = [
+                threading.Thread(
+                    target=client_loop,
+                    args=(base, KEYS[i % 2], args.seconds, args.interval, args.submit_every, out),
+                )
+                for i in range(args.clients)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
     ms = sorted(out["status_ms"])
     p50, p99 = statistics.median(ms), ms[int(0.99 * (len(ms) - 1))]
     refused = sum(status == 503 for status in out["submits"])

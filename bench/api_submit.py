@@ -15,10 +15,9 @@ import os
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import redis
+import repo_root  # noqa: F401 (the repository root on sys.path: tests.support)
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import delete
@@ -28,16 +27,10 @@ from genjob.cli import main as cli
 from genjob.db import session_scope
 from genjob.settings import Settings, get_settings
 from genjob.tables import Job
+from tests.support.databases import throwaway_queue
+from tests.support.prompts import prompts_file
 
 API_KEY = "bench"
-
-
-def write_prompts(path: Path, lines: int) -> None:
-    with path.open("w", encoding="utf-8") as stream:
-        for i in range(lines):
-            stream.write(
-                json.dumps({"prompt": f"def function_{i}(x, y):  # {'pad ' * 16}", "id": f"q{i}"}) + "\n"
-            )
 
 
 def main() -> None:
@@ -50,7 +43,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    with throwaway_queue("bench", args.broker_url) as queue:
+        compare(args, queue)
+
+
+def compare(args: argparse.Namespace, queue: str) -> None:
     env = {
         "GENJOB_DATABASE_URL": args.database_url,
         "GENJOB_BROKER_URL": args.broker_url,
@@ -65,8 +62,12 @@ def main() -> None:
     times: dict[str, list[float]] = {"cli": [], "api multipart": [], "api jsonl body": []}
     job_ids = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "prompts.jsonl"
-        write_prompts(path, args.lines)
+        pad = "pad " * 16
+        path = prompts_file(
+            Path(tmp) / "prompts.jsonl",
+            (f"def function_{i}(x, y):  # {pad}" for i in range(args.lines)),
+            id_format="q{}",
+        )
         size = path.stat().st_size
         body = path.read_bytes()
         for _ in range(args.repeats):
@@ -92,7 +93,6 @@ def main() -> None:
             times["api jsonl body"].append(time.perf_counter() - started)
             assert response.status_code == 201, response.text
             job_ids.append(response.json()["id"])
-    redis.Redis.from_url(args.broker_url).delete(queue)
     with session_scope(args.database_url) as session:
         session.execute(delete(Job).where(Job.id.in_(job_ids)))
 

@@ -10,104 +10,36 @@ twice, every attempt closed and each done item has exactly one ``done`` attempt.
 
     .venv/bin/python bench/chaos.py --items 100000 --faults 50
 
-Needs Postgres (GENJOB_BENCH_PG_ADMIN_URL) and redis-server on the PATH. Prints a Markdown report.
+Needs Postgres (GENJOB_TEST_PG_ADMIN_URL, as the tests) and redis-server on the PATH. Prints a Markdown
+report.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import random
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 
-import redis
+from repo_root import ROOT
 from sqlalchemy import create_engine, text
 
-from genjob import db
-from genjob.worker.sweeper import broker_mark_key
+from tests.support.databases import PG_ADMIN_URL, broker_marked, pg_database
+from tests.support.processes import GENJOB, RedisServer, WorkerProcess, service_env
+from tests.support.prompts import prompts_file
+from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-GENJOB = str(Path(sys.executable).with_name("genjob"))
-PG_ADMIN_URL = os.environ.get(
-    "GENJOB_BENCH_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 LEASE_S = 5
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Redis:
-    def __init__(self, directory: Path) -> None:
-        self.port, self.directory, self.process = free_port(), directory, None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--save", ""]
-        argv += ["--appendonly", "no", "--dir", str(self.directory)]
-        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(100):
-            try:
-                if redis.Redis.from_url(self.url, socket_timeout=1).ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
-
-
-class Worker:
-    def __init__(self, name: str, env: dict[str, str], log: Path) -> None:
-        argv = [sys.executable, "-m", "scripted_worker", "worker", "-Q", env["GENJOB_QUEUE"], "-c", "1"]
-        self.log = log.open("w")
-        self.process = subprocess.Popen(
-            [*argv, "-n", f"{name}@%h", "-l", "WARNING"],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def children(self) -> list[int]:
-        pids = []
-        for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
-            try:
-                pids += [int(pid) for pid in (task / "children").read_text().split()]
-            except OSError:
-                continue
-        return pids
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-
-
 def write_prompts(path: Path, lines: int, tag: str) -> Path:
-    with path.open("w", encoding="utf-8") as out:
-        for i in range(lines):
-            out.write(json.dumps({"prompt": f"{tag} item {i}", "id": f"{tag}-{i}"}) + "\n")
-    return path
+    return prompts_file(path, (f"{tag} item {i}" for i in range(lines)), id_format=f"{tag}-{{}}")
 
 
 def main() -> None:
@@ -121,38 +53,41 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
-    name = f"genjob_chaos_{uuid.uuid4().hex[:8]}"
+    with pg_database("genjob_chaos") as url:
+        run(args, url, rng)
+
+
+def run(args: argparse.Namespace, url: str, rng: random.Random) -> None:
+    name = url.rsplit("/", 1)[1]
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    db.upgrade(url)
     tmp = Path(tempfile.mkdtemp(prefix="genjob-chaos-"))
-    broker = Redis(tmp)
+    broker = RedisServer(tmp)
     broker.start()
     queue = f"chaos-{uuid.uuid4().hex[:6]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
-    env.update(
-        GENJOB_DATABASE_URL=f"{url}?application_name={name}",
-        GENJOB_BROKER_URL=broker.url,
-        GENJOB_QUEUE=queue,
-        GENJOB_LEASE_S=str(LEASE_S),
-        GENJOB_SWEEP_INTERVAL_S="1",
-        GENJOB_RETRY_BACKOFF_S="0.1",
-        GENJOB_MAX_ATTEMPTS="10",
-        GENJOB_BATCH_SIZE="16",
-        GENJOB_CHUNK_SIZE="64",
-        GENJOB_TORCH_THREADS="1",
-        PYTHONPATH=str(ROOT / "tests" / "doubles"),
+    env = service_env(
+        f"{url}?application_name={name}",
+        queue,
+        broker_url=broker.url,
+        cost_cache_dir=None,
+        lease_s=str(LEASE_S),
+        sweep_interval_s="1",
+        retry_backoff_s="0.1",
+        max_attempts="10",
+        batch_size="16",
+        chunk_size="64",
     )
     engine = create_engine(url, pool_pre_ping=True)
-    workers = [Worker(f"w{n}", env, tmp / f"w{n}.log") for n in range(args.workers)]
+
+    def start_worker(label: str) -> WorkerProcess:
+        return WorkerProcess(label, env, tmp / f"{label}.log", quiet=True)
+
+    workers = [start_worker(f"w{n}") for n in range(args.workers)]
     started = time.monotonic()
     faults: Counter[str] = Counter()
     submits: list[subprocess.Popen] = []
     per_job = args.items // args.jobs
     files = [write_prompts(tmp / f"job{n}.jsonl", per_job, f"j{n}") for n in range(args.jobs)]
-    stopped: list[tuple[Worker, float]] = []
+    stopped: list[tuple[WorkerProcess, float]] = []
     partly_queued: list[int] = []  # items a killed submit had not queued yet, per such job
 
     def submit(path: Path, *extra: str) -> subprocess.Popen:
@@ -167,11 +102,7 @@ def main() -> None:
             ).scalar()
 
     try:
-        deadline = time.monotonic() + 120
-        while (
-            not redis.Redis.from_url(broker.url).exists(broker_mark_key(url)) and time.monotonic() < deadline
-        ):
-            time.sleep(0.5)
+        wait_for(lambda: broker_marked(broker.url, url), timeout=120, what="a sweeper to mark the broker")
         pending_files = list(files)
         next_fault = time.monotonic() + args.every
         while True:
@@ -201,9 +132,7 @@ def main() -> None:
                 elif kind == "kill-worker":
                     victim = rng.randrange(len(workers))
                     workers[victim].signal(signal.SIGKILL)
-                    workers[victim] = Worker(
-                        f"w{victim}-{faults[kind]}", env, tmp / f"w{victim}-{faults[kind]}.log"
-                    )
+                    workers[victim] = start_worker(f"w{victim}-{faults[kind]}")
                 elif kind == "restart-redis":
                     broker.stop()
                     time.sleep(0.5)
@@ -288,9 +217,6 @@ def main() -> None:
             worker.signal(signal.SIGKILL)
         engine.dispose()
         broker.stop()
-        db.get_engine.cache_clear()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
     total = sum(faults.values())
     jobs = f"{args.jobs} jobs of {per_job:,} items"

@@ -8,92 +8,41 @@ the lease, the result write and the counters, plus Celery's per-chunk messaging.
     .venv/bin/python bench/large_job.py --lines 5000 --workers 1
     .venv/bin/python bench/large_job.py --lines 2000000 --no-drain [--no-ids]   # store + queue only
 
-Needs Postgres (GENJOB_BENCH_PG_ADMIN_URL, default postgres@127.0.0.1:5432) and Redis
-(GENJOB_BENCH_REDIS_URL, default 127.0.0.1:6379/0). It makes its own database and queue and drops
-both afterwards. Prints a Markdown report (docs/benchmarks.md keeps the one recorded).
+Needs Postgres (GENJOB_TEST_PG_ADMIN_URL, default postgres@127.0.0.1:5432) and Redis
+(GENJOB_TEST_REDIS_URL, default 127.0.0.1:6379/0), as the tests. It makes its own database and queue
+and drops both afterwards. Prints a Markdown report (docs/benchmarks.md keeps the one recorded).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import redis
+from repo_root import ROOT
 from sqlalchemy import create_engine, text
 
-from genjob import db
-from genjob.queueing import queue_keys
-from genjob.worker.sweeper import broker_mark_key
+from tests.support.databases import REDIS_URL, broker_marked, pg_database, throwaway_queue
+from tests.support.jobs import wait_for_job_end
+from tests.support.processes import WorkerProcess, measured_submit, service_env, stop_all
+from tests.support.prompts import prompts_file
+from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-GENJOB = str(Path(sys.executable).with_name("genjob"))
-DOUBLES = ROOT / "tests" / "doubles"
-PG_ADMIN_URL = os.environ.get(
-    "GENJOB_BENCH_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("GENJOB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# A path: the catalog refuses a model it does not know (the stand-in ignores it).
+MODEL = ["-m", str(ROOT / "models" / "demo" / "target"), "--mode", "none"]
 
 
 def write_prompts(path: Path, lines: int, ids: bool = True) -> Path:
-    with path.open("w", encoding="utf-8") as out:
-        for i in range(lines):
-            prompt = f"Summarise ticket {i}: the export job stalls at step {i % 97} after a retry."
-            line = {"prompt": prompt, "id": f"ticket-{i:06d}"} if ids else {"prompt": prompt}
-            out.write(json.dumps(line) + "\n")
-    return path
-
-
-def env_for(url: str, queue: str, chunk_size: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
-    env.update(
-        GENJOB_DATABASE_URL=url,
-        GENJOB_BROKER_URL=REDIS_URL,
-        GENJOB_QUEUE=queue,
-        GENJOB_CHUNK_SIZE=str(chunk_size),
-        GENJOB_BATCH_SIZE="1",  # the stand-in decodes one item at a time
-        GENJOB_TORCH_THREADS="1",
-        PYTHONPATH=str(DOUBLES),
+    prompts = (
+        f"Summarise ticket {i}: the export job stalls at step {i % 97} after a retry." for i in range(lines)
     )
-    return env
+    return prompts_file(path, prompts, id_format="ticket-{:06d}" if ids else None)
 
 
-def timed_submit(env: dict[str, str], path: Path) -> tuple[str, float, int]:
-    """(job id, wall seconds, peak RSS KiB) of one `genjob submit` process."""
-    started = time.perf_counter()
-    done = subprocess.run(
-        ["/usr/bin/time", "-f", "maxrss=%M", GENJOB, "submit", str(path), "-m", "noop", "--mode", "none"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"genjob submit failed:\n{done.stderr}")
-    rss = int(re.search(r"maxrss=(\d+)", done.stderr).group(1))
-    return done.stdout.strip(), wall, rss
-
-
-def job_state(engine, job_id: str) -> tuple[str, int, int]:
-    with engine.connect() as connection:
-        return connection.execute(
-            text("SELECT status, done, failed FROM jobs WHERE id = :id"), {"id": job_id}
-        ).one()
-
-
-def wait_until_ended(engine, job_id: str) -> tuple[str, int, int]:
-    while True:
-        status, done, failed = job_state(engine, job_id)
-        if status not in ("queued", "running"):
-            return status, done, failed
-        time.sleep(0.5)
+def wait_until_ended(url: str, job_id: str) -> tuple[str, int, int]:
+    job = wait_for_job_end(url, job_id, timeout=24 * 3600, every=0.5)
+    return job.status, job.done, job.failed
 
 
 def main() -> None:
@@ -107,55 +56,30 @@ def main() -> None:
     if args.no_drain:
         args.workers = 0
 
-    name = f"genjob_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    db.upgrade(url)
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
-    env = env_for(url, queue, args.chunk_size)
+    with pg_database("genjob_bench") as url, throwaway_queue("bench") as queue:
+        run(args, url, queue)
+
+
+def run(args: argparse.Namespace, url: str, queue: str) -> None:
+    # the stand-in decodes one item at a time
+    env = service_env(url, queue, cost_cache_dir=None, chunk_size=str(args.chunk_size), batch_size="1")
     engine = create_engine(url)
-    broker = redis.Redis.from_url(REDIS_URL)
-    workers: list[subprocess.Popen] = []
+    workers: list[WorkerProcess] = []
     try:
-        for n in range(args.workers):
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "scripted_worker",
-                        "worker",
-                        "-Q",
-                        queue,
-                        "-c",
-                        "1",
-                        "-n",
-                        f"{queue}-{n}@%h",
-                        "-l",
-                        "WARNING",
-                    ],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
+        workers += [WorkerProcess(f"{queue}-{n}", env, quiet=True) for n in range(args.workers)]
         # Steady state first: the workers' sweeper has marked the broker (the first sweep on a
         # fresh broker queues every pending item again, which would add duplicates to the measure).
-        deadline = time.monotonic() + 120
-        while not broker.exists(broker_mark_key(url)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        if workers:
+            wait_for(lambda: broker_marked(REDIS_URL, url), timeout=120, what="a sweeper to mark the broker")
         with tempfile.TemporaryDirectory() as tmp:
             small = write_prompts(Path(tmp) / "small.jsonl", 1000, not args.no_ids)
             large = write_prompts(Path(tmp) / "large.jsonl", args.lines, not args.no_ids)
             size_mb = large.stat().st_size / 1e6
-            small_id, small_wall, small_rss = timed_submit(env, small)
+            small_id, small_wall, small_rss = measured_submit(env, small, *MODEL)
             if not args.no_drain:
-                wait_until_ended(engine, small_id)
+                wait_until_ended(url, small_id)
             started = time.perf_counter()
-            job_id, submit_wall, submit_rss = timed_submit(env, large)
+            job_id, submit_wall, submit_rss = measured_submit(env, large, *MODEL)
         if args.no_drain:
             with engine.connect() as connection:
                 queued = connection.execute(
@@ -173,7 +97,7 @@ def main() -> None:
             print(f"| submit peak RSS, 1,000 lines | {small_rss / 1024:.1f} MiB ({small_wall:.1f} s) |")
             print(f"| queued (jobs.queued_seq / total) | {queued[0]:,} / {queued[1]:,} |")
             return
-        status, done, failed = wait_until_ended(engine, job_id)
+        status, done, failed = wait_until_ended(url, job_id)
         finished = time.perf_counter()
         with engine.connect() as connection:
             results = connection.execute(
@@ -185,15 +109,7 @@ def main() -> None:
             ).scalar_one()
     finally:
         engine.dispose()
-        for worker in workers:
-            os.killpg(worker.pid, 15)
-        for worker in workers:
-            worker.wait(timeout=60)
-        broker.delete(*queue_keys(queue))
-        db.get_engine.cache_clear()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        stop_all(workers, grace=60)
 
     drain = float(drain)  # first claim to last result, as the job row records them
     rate = done / drain

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import task_prompts  # bench/task_prompts.py
+from repo_root import ROOT
 
 from genjob.catalog import resolve_model
 from genjob.generation.cost_timing import measure_grid
@@ -40,32 +41,11 @@ from genjob.generation.loading import eos_ids, load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup
 from genjob.generation.requests import Request
 from genjob.settings import get_settings
+from tests.support.engine import gap_where_they_differ, greedy
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
 HELD_OUT = ROOT / "bench" / "prompts" / "heldout.jsonl"
 TIE = 1e-4
-
-
-def oracle(target, ids: list[int], new: int, eos: frozenset[int]) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        out = target.generate(
-            x,
-            attention_mask=torch.ones_like(x),
-            max_new_tokens=new,
-            do_sample=False,
-            eos_token_id=sorted(eos),
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
-
-
-def top2_gap(target, ids: list[int]) -> float:
-    with torch.inference_mode():
-        logits = target(torch.tensor([ids])).logits[0, -1]
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
 
 
 def main() -> None:
@@ -102,7 +82,7 @@ def main() -> None:
             ids = tokenizer(json.loads(line)["prompt"])["input_ids"][: context - 1]
             prompts.append((ids, min(args.new, context - len(ids))))  # up to the context, never past it
     started = time.perf_counter()
-    expected = [oracle(target, ids, new, eos) for ids, new in prompts]
+    expected = [greedy(target, ids, new, eos) for ids, new in prompts]
     longest = max(len(ids) + new for ids, new in prompts)
     source = args.prompts.relative_to(ROOT) if draft is not None else "the example tasks' held-out chat"
     print(
@@ -128,12 +108,9 @@ def main() -> None:
             got = {done.key: done.token_ids for done in engine.generate(requests)}
             ties, other, gaps = 0, 0, []
             for i, (ids, _) in enumerate(prompts):
-                if got[i] == expected[i]:
+                gap = gap_where_they_differ(target, ids, got[i], expected[i])
+                if gap is None:
                     continue
-                at = next(
-                    j for j, (a, b) in enumerate(zip(got[i], expected[i] + [-1], strict=False)) if a != b
-                )
-                gap = top2_gap(target, ids + expected[i][:at])
                 gaps.append(gap)
                 if gap <= TIE:
                     ties += 1

@@ -10,8 +10,9 @@ BEGIN, COMMIT and pool pre-ping: bench/counting_worker.py).
     .venv/bin/python bench/pipeline.py --runner noop --items 20000
     .venv/bin/python bench/pipeline.py --runner demo --items 20000
 
-Needs Postgres (GENJOB_BENCH_PG_ADMIN_URL, default postgres@127.0.0.1:5432) and Redis
-(GENJOB_BENCH_REDIS_URL, default 127.0.0.1:6379/0); makes its own database and queue and drops both.
+Needs Postgres (GENJOB_TEST_PG_ADMIN_URL, default postgres@127.0.0.1:5432) and Redis
+(GENJOB_TEST_REDIS_URL, default 127.0.0.1:6379/0), as the tests; makes its own database and queue and
+drops both.
 Prints a Markdown report (docs/benchmarks.md keeps the one recorded).
 """
 
@@ -19,36 +20,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import redis
+from repo_root import ROOT
 from sqlalchemy import create_engine, text
 
-from genjob import db
-from genjob.queueing import queue_keys
-from genjob.worker.sweeper import broker_mark_key
+from tests.support.databases import REDIS_URL, broker_marked, pg_database, throwaway_queue
+from tests.support.jobs import wait_for_job_end
+from tests.support.processes import WorkerProcess, run_cli, service_env, stop_all
+from tests.support.prompts import prompts_file
+from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-GENJOB = str(Path(sys.executable).with_name("genjob"))
-DOUBLES = ROOT / "tests" / "doubles"
-PG_ADMIN_URL = os.environ.get(
-    "GENJOB_BENCH_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("GENJOB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DEMO_TARGET = ROOT / "models" / "demo" / "target"
 
 
 def write_prompts(path: Path, lines: int) -> Path:
-    with path.open("w", encoding="utf-8") as out:
-        for i in range(lines):
-            out.write(json.dumps({"prompt": f"def handler_{i}(request):"}) + "\n")
-    return path
+    return prompts_file(path, (f"def handler_{i}(request):" for i in range(lines)), id_format=None)
 
 
 def main() -> None:
@@ -61,73 +51,42 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="cProfile each worker's pool process into this folder")
     args = parser.parse_args()
 
-    name = f"genjob_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    db.upgrade(url)
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    with pg_database("genjob_bench") as url, throwaway_queue("bench") as queue:
+        run(args, url, queue)
+
+
+def run(args: argparse.Namespace, url: str, queue: str) -> None:
     counts_dir = Path(tempfile.mkdtemp(prefix="genjob-counts-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENJOB_")}
-    env.update(
-        GENJOB_DATABASE_URL=url,
-        GENJOB_BROKER_URL=REDIS_URL,
-        GENJOB_QUEUE=queue,
-        GENJOB_CHUNK_SIZE=str(args.chunk_size),
-        GENJOB_BATCH_SIZE=str(args.batch_size),
-        GENJOB_TORCH_THREADS="1",
-        GENJOB_BENCH_COUNT_DIR=str(counts_dir),
-        PYTHONPATH=str(DOUBLES),
+    env = service_env(
+        url, queue, cost_cache_dir=None, chunk_size=str(args.chunk_size), batch_size=str(args.batch_size)
     )
+    env["GENJOB_BENCH_COUNT_DIR"] = str(counts_dir)
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         env["GENJOB_BENCH_PROFILE_DIR"] = str(args.profile.resolve())
-    worker_argv = [sys.executable, str(ROOT / "bench" / "counting_worker.py")]
+    genjob = [sys.executable, str(ROOT / "bench" / "counting_worker.py")]
+    # a path: the catalog refuses a model it does not know (the no-op stand-in ignores it)
+    model = ["-m", str(DEMO_TARGET), "--mode", "none"]
     if args.runner == "noop":
-        worker_argv.append("--noop")
-        model = ["-m", "noop", "--mode", "none"]
+        genjob.append("--noop")
     else:
-        model = ["-m", str(DEMO_TARGET), "--mode", "none", "--max-new-tokens", "1"]
+        model += ["--max-new-tokens", "1"]
     engine = create_engine(url)
-    broker = redis.Redis.from_url(REDIS_URL)
-    workers: list[subprocess.Popen] = []
+    workers: list[WorkerProcess] = []
     try:
-        for n in range(args.workers):
-            argv = [*worker_argv, "worker", "-Q", queue, "-c", "1", "-n", f"{queue}-{n}@%h", "-l", "WARNING"]
-            workers.append(
-                subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
-        deadline = time.monotonic() + 120
-        while not broker.exists(broker_mark_key(url)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        workers += [
+            WorkerProcess(f"{queue}-{n}", env, genjob=genjob, quiet=True) for n in range(args.workers)
+        ]
+        wait_for(lambda: broker_marked(REDIS_URL, url), timeout=120, what="a sweeper to mark the broker")
         with tempfile.TemporaryDirectory() as tmp:
             # a warm-up job: the workers load their models and connect before the measure
             warm = write_prompts(Path(tmp) / "warm.jsonl", 4 * args.workers)
-            subprocess.run(
-                [GENJOB, "submit", str(warm), *model, "--chunk-size", "1", "--wait"], env=env, check=False
-            )
+            run_cli(env, "submit", str(warm), *model, "--chunk-size", "1", "--wait", timeout=3600)
             for stale in [*counts_dir.glob("*.json"), *counts_dir.glob("*.tasks")]:
                 stale.unlink()
             path = write_prompts(Path(tmp) / "p.jsonl", args.items)
-            done = subprocess.run(
-                [GENJOB, "submit", str(path), *model], env=env, capture_output=True, text=True, check=True
-            )
-            job_id = done.stdout.strip()
-        while True:
-            with engine.connect() as connection:
-                status = connection.execute(
-                    text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id}
-                ).scalar()
-            if status not in ("queued", "running"):
-                break
-            time.sleep(0.5)
+            job_id = run_cli(env, "submit", str(path), *model, timeout=3600, check=True).stdout.strip()
+        wait_for_job_end(url, job_id, timeout=24 * 3600, every=0.5)
         time.sleep(1)  # the last task's counts
         with engine.connect() as connection:
             row = connection.execute(
@@ -139,15 +98,7 @@ def main() -> None:
             ).one()
     finally:
         engine.dispose()
-        for worker in workers:
-            os.killpg(worker.pid, 15)
-        for worker in workers:
-            worker.wait(timeout=60)
-        broker.delete(*queue_keys(queue))
-        db.get_engine.cache_clear()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        stop_all(workers, grace=60)
 
     status, done, failed, drain, decode = row
     drain, decode = float(drain), float(decode or 0.0)

@@ -6,56 +6,26 @@ one machine never see each other's jobs.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from model_factory import save_pair
-from sqlalchemy import create_engine, text
+import redis
+from sqlalchemy import update
 
-from genjob import db
-from genjob.settings import get_settings
+from genjob.db import session_scope
+from genjob.settings import Settings, get_settings
+from genjob.tables import Job
 from genjob.worker.sweeper import BROKER_MARK_TTL_S, broker_mark_key
+from tests.support.databases import REDIS_URL, pg_database, throwaway_queue
+from tests.support.models import cache_hub_model, save_pair
+from tests.support.processes import COST_CACHE_DIR
 
-PG_ADMIN_URL = os.environ.get(
-    "GENJOB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("GENJOB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-# Measured forward costs, shared by the suite's processes (workers included) and removed after it.
-COST_CACHE_DIR = Path(tempfile.gettempdir()) / f"genjob-test-costs-{os.getpid()}"
 # Hub ids the tests submit with no model behind them (the scripted stand-in, or jobs no worker runs):
 # submit takes a hub id only from the local Hugging Face cache, so the suite's own cache holds them.
 FAKE_HUB_IDS = ("m", "scripted", "scripted-broken", "some/model")
-
-
-def _pg_url(name: str) -> str:
-    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-
-
-def create_pg_database(prefix: str = "genjob_test") -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return _pg_url(name)
-
-
-def drop_pg_database(url: str) -> None:
-    db.get_engine(url).dispose()
-    db.get_engine(url, False).dispose()
-    db.get_engine.cache_clear()
-    db._session_factory.cache_clear()
-    name = url.rsplit("/", 1)[1]
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 @pytest.fixture(autouse=True)
@@ -74,19 +44,6 @@ def clean_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def cost_cache_dir() -> Iterator[Path]:
     yield COST_CACHE_DIR
     shutil.rmtree(COST_CACHE_DIR, ignore_errors=True)
-
-
-def cache_hub_model(cache: Path, repo_id: str) -> Path:
-    """``repo_id`` in the Hugging Face cache ``cache`` as a download leaves it (refs/main naming a
-    snapshot with a config.json); returns the snapshot."""
-    commit = hashlib.sha1(repo_id.encode()).hexdigest()
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True, exist_ok=True)
-    (snapshot / "config.json").write_text("{}", encoding="utf-8")
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
-    return snapshot
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -113,34 +70,53 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh Postgres database migrated to head, for this test session."""
-    import redis
-
-    url = create_pg_database()
-    db.upgrade(url)
-    # The broker has lost nothing of a new database: mark it, or the first worker's sweeper would
-    # queue again every pending item of the session's earlier jobs, into queues long deleted.
-    broker, mark = redis.Redis.from_url(REDIS_URL), broker_mark_key(url)
-    broker.set(mark, "test session", ex=BROKER_MARK_TTL_S)
-    yield url
-    broker.delete(mark)
-    drop_pg_database(url)
+    with pg_database() as url:
+        # The broker has lost nothing of a new database: mark it, or the first worker's sweeper would
+        # queue again every pending item of the session's earlier jobs, into queues long deleted.
+        broker, mark = redis.Redis.from_url(REDIS_URL), broker_mark_key(url)
+        broker.set(mark, "test session", ex=BROKER_MARK_TTL_S)
+        yield url
+        broker.delete(mark)
 
 
-def delete_queue(name: str) -> None:
-    """A queue and its priority lists (kombu keeps levels 3, 6, 9 in ``name␆␖N``)."""
-    import redis
-
-    from genjob.queueing import queue_keys
-
-    redis.Redis.from_url(REDIS_URL).delete(*queue_keys(name))
+@pytest.fixture
+def blank_pg_url() -> Iterator[str]:
+    """A fresh Postgres database with nothing in it (not migrated), for this test."""
+    with pg_database("genjob_blank", migrated=False) as url:
+        yield url
 
 
 @pytest.fixture
 def queue_name() -> Iterator[str]:
     """A queue of this test's own; whatever is left in it is deleted afterwards."""
-    name = f"gpu-test-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_queue(name)
+    with throwaway_queue() as name:
+        yield name
+
+
+@pytest.fixture
+def broker_env(pg_url: str, queue_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """This process's environment: the session's Postgres, the local Redis and a queue of this test's own
+    (no worker consumes it), in ``tmp_path`` as the working directory; returns the settings it makes
+    (read afresh: the test may set more before the code under test reads them)."""
+    monkeypatch.setenv("GENJOB_DATABASE_URL", pg_url)
+    monkeypatch.setenv("GENJOB_BROKER_URL", REDIS_URL)
+    monkeypatch.setenv("GENJOB_QUEUE", queue_name)
+    monkeypatch.chdir(tmp_path)
+    get_settings.cache_clear()
+    return Settings()
+
+
+@pytest.fixture
+def end_jobs_left_open(pg_url: str) -> Iterator[None]:
+    """For the store's tests (``tests.support.store``, queue ``q``): jobs they leave open would be queued
+    again by a later test's worker (broker recovery)."""
+    yield
+    with session_scope(pg_url) as session:
+        session.execute(
+            update(Job)
+            .where(Job.queue == "q", Job.status.in_(["queued", "running"]))
+            .values(status="cancelled")
+        )
 
 
 @pytest.fixture
@@ -153,18 +129,11 @@ def embedded_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return url
 
 
-def write_jsonl(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
 @pytest.fixture
 def scripted_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """The models replaced by the scripted stand-in (tests/doubles/model_doubles.py), in this process."""
     from genjob.worker.runners import RUNNERS
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "doubles"))
-    from model_doubles import scripted_runner
+    from tests.doubles.model_doubles import scripted_runner
 
     monkeypatch.setattr(RUNNERS, "build", scripted_runner)
     monkeypatch.setenv("GENJOB_RETRY_BACKOFF_S", "0")

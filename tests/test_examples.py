@@ -13,12 +13,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from prompt_files import FakeTokenizer
 
 from genjob.constants import InputFormat, OpenAIEndpoint
 from genjob.formats.lines import InputLimits
 from genjob.formats.openai_lines import RequestLine, parse_openai_line
 from genjob.formats.reader import check_prompts
+from tests.support.prompts import FakeTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import COST_CACHE_DIR, create_pg_database, drop_pg_database, write_jsonl
+
+from tests.support.processes import COST_CACHE_DIR
+from tests.support.prompts import write_jsonl
 
 pytestmark = pytest.mark.wheel
 
@@ -147,18 +148,11 @@ def test_the_installed_package_is_the_wheels(
     assert all(str(Path(file).resolve()).startswith(site_packages) for file in files), files
 
 
-@pytest.fixture
-def fresh_pg_url() -> Iterator[str]:
-    url = create_pg_database("genjob_wheel")
-    yield url
-    drop_pg_database(url)
-
-
 def test_db_upgrade_from_anywhere(
-    fresh_venv: Path, elsewhere: Path, base_env: dict[str, str], fresh_pg_url: str
+    fresh_venv: Path, elsewhere: Path, base_env: dict[str, str], blank_pg_url: str
 ) -> None:
     genjob = fresh_venv / "bin" / "genjob"
-    for url in (f"sqlite:///{elsewhere / 'genjob.db'}", fresh_pg_url):
+    for url in (f"sqlite:///{elsewhere / 'genjob.db'}", blank_pg_url):
         env = {**base_env, "GENJOB_DATABASE_URL": url}
         upgraded = run(genjob, "db", "upgrade", cwd=elsewhere, env=env)
         database, head = (

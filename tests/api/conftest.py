@@ -6,13 +6,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_helpers import API_KEY, AUTH
-from conftest import REDIS_URL
 from fastapi.testclient import TestClient
-from model_factory import with_chat_template
 
 from genjob.api.app import create_app
 from genjob.settings import Settings
+from tests.support.api import API_KEY, AUTH
+from tests.support.databases import REDIS_URL
+from tests.support.models import with_chat_template
 
 
 @pytest.fixture(scope="session")

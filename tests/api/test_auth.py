@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from api_helpers import API_KEY, jsonl
 from fastapi.testclient import TestClient
 
 from genjob.api.app import UnsafeBind, check_bind, create_app
 from genjob.settings import Settings
+from tests.support.api import API_KEY, jsonl
 
 
 @pytest.fixture

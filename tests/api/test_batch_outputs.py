@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from api_helpers import jsonl, with_settings
 from sqlalchemy import update
 
 from genjob import batch_files, batches, store
@@ -16,6 +15,7 @@ from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.tables import Item, Job, Result, utcnow
+from tests.support.api import jsonl, with_settings
 
 ITEMS = 2500  # more than the results' read batch (1000): reads and writes interleave on one connection
 

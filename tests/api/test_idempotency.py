@@ -8,19 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from api_helpers import jsonl, with_settings
 from click.testing import CliRunner
-from conftest import REDIS_URL
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from genjob.catalog import build_job_spec
 from genjob.cli import main
 from genjob.db import session_scope
-from genjob.settings import Settings, get_settings
+from genjob.settings import Settings
 from genjob.store.idempotency import IdempotencyConflict
 from genjob.submit import Submitter, store_job
 from genjob.tables import Job
+from tests.support.api import jsonl, with_settings
 
 PROMPTS = [{"prompt": "def f(x):", "id": "a"}, {"prompt": "import os"}]
 
@@ -89,16 +88,6 @@ def test_concurrent_tries_with_one_key_make_one_job(api_settings: Settings, tmp_
             submitter=Submitter(owner="racer"),
             idempotency_key="race",
         )
-
-
-@pytest.fixture
-def broker_env(pg_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
-    monkeypatch.setenv("GENJOB_DATABASE_URL", pg_url)
-    monkeypatch.setenv("GENJOB_BROKER_URL", REDIS_URL)
-    monkeypatch.setenv("GENJOB_QUEUE", queue_name)
-    monkeypatch.chdir(tmp_path)
-    get_settings.cache_clear()
-    return get_settings()
 
 
 def test_cli_submit_with_one_key_twice_is_one_job(

@@ -7,29 +7,24 @@ import io
 import json
 
 import pytest
-from api_helpers import jsonl, run_pending_here
-from conftest import REDIS_URL
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from genjob.api.app import create_app
 from genjob.db import session_scope
 from genjob.options import JobOptions
 from genjob.queueing import queue_depths
 from genjob.settings import Settings
-from genjob.tables import Item, Job
+from genjob.tables import Item
+from tests.support.api import jsonl, run_pending_here
+from tests.support.databases import REDIS_URL
+from tests.support.jobs import stored_counts
 
 PROMPTS = [
     {"prompt": "def foo(x):", "id": "first"},
     {"prompt": "import os", "max_new_tokens": 3},
     {"prompt": "class A:", "id": "third"},
 ]
-
-
-def counts(url: str) -> tuple[int, int]:
-    with session_scope(url) as session:
-        jobs = session.scalar(select(func.count()).select_from(Job))
-        return jobs, session.scalar(select(func.count()).select_from(Item))
 
 
 def submit(client: TestClient, records: list[dict] = PROMPTS, **params) -> dict:
@@ -87,7 +82,7 @@ def test_create_from_a_jsonl_body(client: TestClient) -> None:
 def test_bad_lines_answer_422_with_line_numbers_and_store_nothing(
     client: TestClient, api_settings: Settings
 ) -> None:
-    before = counts(api_settings.database_url)
+    before = stored_counts(api_settings.database_url)
     body = b'{"prompt": "ok"}\n{"prompt": "x"\n\n{"id": "x"}\n{"prompt": "a", "max_token": 3}\n'
     response = client.post("/v1/jobs", params={"model": "tiny"}, files={"file": ("bad.jsonl", body)})
     assert response.status_code == 422
@@ -107,7 +102,7 @@ def test_bad_lines_answer_422_with_line_numbers_and_store_nothing(
             ],
         }
     }
-    assert counts(api_settings.database_url) == before
+    assert stored_counts(api_settings.database_url) == before
 
 
 def test_an_empty_upload_is_422(client: TestClient) -> None:
@@ -125,7 +120,7 @@ def test_an_empty_upload_is_422(client: TestClient) -> None:
 
 
 def test_over_the_upload_limit_is_413(client: TestClient, api_settings: Settings) -> None:
-    before = counts(api_settings.database_url)
+    before = stored_counts(api_settings.database_url)
     line = json.dumps({"prompt": "x" * 1000}) + "\n"
     big = (line * (api_settings.max_upload_bytes // len(line) + 1)).encode()
     assert len(big) > api_settings.max_upload_bytes
@@ -150,7 +145,7 @@ def test_over_the_upload_limit_is_413(client: TestClient, api_settings: Settings
         f"the upload is larger than the limit of {api_settings.max_upload_bytes} bytes "
         "(GENJOB_MAX_UPLOAD_BYTES)"
     )
-    assert counts(api_settings.database_url) == before
+    assert stored_counts(api_settings.database_url) == before
 
 
 def test_an_upload_right_at_the_limit_is_accepted(client: TestClient, api_settings: Settings) -> None:

@@ -4,11 +4,11 @@ version; behind the API key; no job ids in labels."""
 
 from __future__ import annotations
 
-from api_helpers import jsonl
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from genjob import __version__
+from tests.support.api import jsonl
 
 
 def values(text: str) -> dict[tuple[str, tuple], float]:

@@ -10,17 +10,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from api_helpers import AUTH
 from click.testing import CliRunner
-from conftest import REDIS_URL
 from fastapi.testclient import TestClient
-from process_helpers import GENJOB
-from sqlalchemy import func, select
 
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.formats import sources
-from genjob.tables import Item, Job
+from genjob.settings import Settings
+from genjob.tables import Job
+from tests.support.api import AUTH
+from tests.support.jobs import stored_counts
+from tests.support.processes import GENJOB, service_env
 
 DEEP = 30_000  # far past Python's recursion limit, within the tests' 64 KiB upload limit
 
@@ -92,18 +92,9 @@ CASES = [
 ]
 
 
-def counts(url: str) -> tuple[int, int]:
-    with session_scope(url) as session:
-        jobs = session.scalar(select(func.count()).select_from(Job))
-        return jobs, session.scalar(select(func.count()).select_from(Item))
-
-
 @pytest.fixture
-def cli_env(pg_url: str, queue_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("GENJOB_DATABASE_URL", pg_url)
-    monkeypatch.setenv("GENJOB_BROKER_URL", REDIS_URL)
-    monkeypatch.setenv("GENJOB_QUEUE", queue_name)
-    monkeypatch.chdir(tmp_path)
+def cli_env(broker_env: Settings, tmp_path: Path) -> Path:
+    """The CLI's settings on the session's Postgres, in ``tmp_path`` (returned)."""
     return tmp_path
 
 
@@ -113,13 +104,13 @@ def test_refused_by_the_cli_and_the_api_storing_nothing(
 ) -> None:
     data = content if isinstance(content, bytes) else (content + "\n").encode()
     (cli_env / "p.jsonl").write_bytes(data)
-    before = counts(pg_url)
+    before = stored_counts(pg_url)
 
     result = CliRunner().invoke(
         main, ["submit", "p.jsonl", "-m", "m", "--mode", "none", "--input-format", fmt]
     )
     assert (result.exit_code, result.output) == (1, f"Error: {expected}\n")
-    assert counts(pg_url) == before
+    assert stored_counts(pg_url) == before
 
     response = client.post(
         "/v1/jobs", params={"model": "tiny", "input_format": fmt}, files={"file": ("p.jsonl", data)}
@@ -127,7 +118,7 @@ def test_refused_by_the_cli_and_the_api_storing_nothing(
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_input"
     assert response.json()["error"]["message"] == f"{expected}; nothing was stored"
-    assert counts(pg_url) == before
+    assert stored_counts(pg_url) == before
 
 
 def test_a_named_pipe_nobody_writes_to_is_refused_without_hanging(
@@ -135,14 +126,14 @@ def test_a_named_pipe_nobody_writes_to_is_refused_without_hanging(
 ) -> None:
     os.mkfifo(cli_env / "p.fifo")
     monkeypatch.setattr(sources, "PIPE_WAIT_S", 0.2)
-    before = counts(pg_url)
+    before = stored_counts(pg_url)
     result = CliRunner().invoke(main, ["submit", "p.fifo", "-m", "m", "--mode", "none"])
     assert (result.exit_code, result.output) == (
         1,
         "Error: p.fifo: a named pipe that nothing wrote to within 0.2 s: start its writer first, or pass a "
         "regular file\n",
     )
-    assert counts(pg_url) == before
+    assert stored_counts(pg_url) == before
 
 
 def test_a_named_pipe_with_a_writer_is_read_once(pg_url: str, cli_env: Path) -> None:
@@ -168,25 +159,20 @@ def test_standard_input_as_dash(pg_url: str, cli_env: Path) -> None:
 
 
 def test_a_device_is_refused(pg_url: str, cli_env: Path) -> None:
-    before = counts(pg_url)
+    before = stored_counts(pg_url)
     result = CliRunner().invoke(main, ["submit", "/dev/null", "-m", "m", "--mode", "none"])
     assert (result.exit_code, result.output) == (
         1,
         "Error: /dev/null: a character device (a terminal?): pass a regular file, a pipe, or - for standard "
         "input\n",
     )
-    assert counts(pg_url) == before
+    assert stored_counts(pg_url) == before
 
 
 def test_dev_stdin_and_process_substitution_work(pg_url: str, queue_name: str, tmp_path: Path) -> None:
     """The shell's ways of passing a stream: /dev/stdin from a pipe, and <(…) (a /dev/fd pipe)."""
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "a"}) + "\n")
-    env = {
-        **os.environ,
-        "GENJOB_DATABASE_URL": pg_url,
-        "GENJOB_BROKER_URL": REDIS_URL,
-        "GENJOB_QUEUE": queue_name,
-    }
+    env = service_env(pg_url, queue_name)
     submit = f"{GENJOB} submit {{}} -m m --mode none"
     for command in (f"cat p.jsonl | {submit.format('/dev/stdin')}", submit.format("<(cat p.jsonl)")):
         done = subprocess.run(

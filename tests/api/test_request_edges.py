@@ -8,11 +8,11 @@ import gzip
 import logging
 
 import pytest
-from api_helpers import jsonl
 from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 
 from genjob.api import errors
+from tests.support.api import jsonl
 
 LINES = jsonl([{"prompt": "def foo(x):"}])
 

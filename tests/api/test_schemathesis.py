@@ -4,7 +4,6 @@ invalid inputs (and valid uploads, so the 201 path runs too); no request may ans
 from __future__ import annotations
 
 import schemathesis
-from api_helpers import AUTH, jsonl
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,6 +12,7 @@ from schemathesis.checks import not_a_server_error
 
 from genjob.api.app import create_app
 from genjob.settings import Settings
+from tests.support.api import AUTH, jsonl
 
 # The raw JSONL body is bytes on the wire, like application/octet-stream.
 schemathesis.serializer.alias("application/jsonl", "application/octet-stream")

@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from api_helpers import API_KEY, jsonl, run_pending_here
 from click.testing import CliRunner
-from conftest import REDIS_URL
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, select
 
@@ -17,6 +15,8 @@ from genjob.cli import main
 from genjob.db import session_scope
 from genjob.settings import Settings, get_settings
 from genjob.tables import Item, Job
+from tests.support.api import API_KEY, jsonl, run_pending_here
+from tests.support.databases import REDIS_URL
 
 GENJOB_LINES = [
     {"prompt": "def foo(x):", "id": "a"},

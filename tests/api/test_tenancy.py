@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_helpers import jsonl, run_pending_here, with_settings
 from fastapi.testclient import TestClient
 
 from genjob import store
@@ -19,6 +18,7 @@ from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.submit import store_job
 from genjob.tables import Job
+from tests.support.api import jsonl, run_pending_here, with_settings
 
 PROMPTS = [{"prompt": "def f(x):", "id": "a"}, {"prompt": "import os"}]
 BATCH_LINES = [{"custom_id": "r1", "body": {"model": "tiny", "prompt": "def g():", "max_tokens": 2}}]

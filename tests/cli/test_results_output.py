@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import write_jsonl
 
 from genjob.cli import main
+from tests.support.prompts import write_jsonl
 
 RECORDS = 40
 

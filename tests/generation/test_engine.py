@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import DEMO, REFERENCE_TOKENS, Reference, flat_costs, perturbed, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from genjob.generation.engine import Engine
 from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup
 from genjob.generation.requests import Request
+from tests.support.engine import DEMO, REFERENCE_TOKENS, Reference, flat_costs, perturbed, request
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def test_without_a_draft_it_is_batched_plain_greedy(pair, reference, tiny_pair, 
 
 def test_rows_near_the_context_limit_never_pass_it(tmp_path: Path) -> None:
     """Drafts beyond a row's last position are clamped, never looked up past the position table."""
-    from model_factory import build_model, build_tokenizer
+    from tests.support.models import build_model, build_tokenizer
 
     tokenizer = build_tokenizer(vocab_size=300)
     target = build_model(tokenizer, n_layer=1, n_embd=32, seed=5)

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import Reference, flat_costs, perturbed, request
-from model_factory import build_model, build_tokenizer
 
 from genjob.generation.costs import CostModel, choose_draft_length, expected_speedup, expected_tokens
 from genjob.generation.draft_model import DraftModel
@@ -19,6 +17,8 @@ from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposers import NgramIndex, PromptLookup
 from genjob.generation.requests import Request
 from genjob.generation.stopping import StopSequences, cut_text
+from tests.support.engine import Reference, flat_costs, perturbed, request
+from tests.support.models import build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from genjob.generation.engine import Engine
 from genjob.generation.loading import eos_ids, load_model, load_tokenizer
 from genjob.generation.proposers import PromptLookup
 from genjob.generation.requests import Request
+from tests.support.engine import gap_where_they_differ, greedy
 
 TIE = 1e-4
 NEW = 16
@@ -71,26 +72,8 @@ def prompts_and_oracle(real_model):
     ids = _chat(tokenizer, "Summarize what these functions do.\n\n" + long_text)
     assert len(ids) >= LONG_TOKENS, len(ids)
     prompts.append(ids[: LONG_TOKENS - 5] + ids[-5:])  # 2,000 tokens, ending with the generation prompt
-    oracle = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            out = target.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=NEW,
-                do_sample=False,
-                eos_token_id=sorted(eos),
-                pad_token_id=2,
-            )
-            oracle.append(out[0, len(ids) :].tolist())
+    oracle = [greedy(target, ids, NEW, eos, pad_token_id=2) for ids in prompts]
     return prompts, oracle
-
-
-def _top2_gap(target, ids: list[int]) -> float:
-    with torch.inference_mode():
-        top = target(torch.tensor([ids])).logits[0, -1].topk(2).values
-    return float(top[0] - top[1])
 
 
 def test_the_chat_eos_ends_rows(real_model) -> None:
@@ -123,12 +106,9 @@ def test_every_greedy_row_equals_transformers(real_model, prompts_and_oracle, ba
     got = {done.key: done.token_ids for done in engine.generate(requests)}
     wrong = []
     for i, ids in enumerate(prompts):
-        if got[i] == oracle[i]:
-            continue
-        at = next(j for j, (a, b) in enumerate(zip(got[i], [*oracle[i], -1], strict=False)) if a != b)
-        gap = _top2_gap(target, ids + oracle[i][:at])
-        if gap > TIE:
-            wrong.append((i, at, gap))
+        gap = gap_where_they_differ(target, ids, got[i], oracle[i])
+        if gap is not None and gap > TIE:
+            wrong.append((i, gap))
     assert not wrong, f"rows that differ from transformers' greedy away from a near tie: {wrong}"
     if mode == "prompt lookup":
         assert engine.stats.accepted > 0  # the rewrite prompts copy their input: lookup drafts were taken

@@ -12,13 +12,13 @@ from collections import Counter
 
 import pytest
 import torch
-from engine_helpers import flat_costs, request
-from model_factory import build_model, build_tokenizer
 
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.requests import Request
 from genjob.generation.sampling import RowSampling, keyed_uniforms, verify_drafts
+from tests.support.engine import flat_costs, request
+from tests.support.models import build_model, build_tokenizer
 
 CHI2_999 = {4: 18.47, 6: 22.46, 8: 26.12}  # chi-square 99.9 % quantiles by degrees of freedom
 

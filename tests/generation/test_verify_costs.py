@@ -4,12 +4,12 @@ measured only for plain steps, and the engine's exploration rounds beside its pr
 from __future__ import annotations
 
 import pytest
-from engine_helpers import perturbed, request
-from model_factory import build_model, build_tokenizer
 
 from genjob.generation.costs import CostModel
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import EXPLORE_EVERY, Engine
+from tests.support.engine import perturbed, request
+from tests.support.models import build_model, build_tokenizer
 
 
 def grid_with_plain_only_rows() -> CostModel:

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import cache_hub_model, write_jsonl
 
 from genjob.catalog import JobOptionsError, build_job_spec, resolve_model
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.tables import Job
+from tests.support.models import cache_hub_model
+from tests.support.prompts import write_jsonl
 
 SETTINGS = Settings(
     models={

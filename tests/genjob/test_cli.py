@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_jsonl
 
 from genjob.cli import main
 from genjob.cli.lazy import COMMANDS, load_command
 from genjob.db import session_scope
 from genjob.options import JobOptions
 from genjob.tables import Job
+from tests.support.prompts import write_jsonl
 
 
 @pytest.fixture

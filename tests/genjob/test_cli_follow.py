@@ -4,7 +4,6 @@ and Ctrl-C in embedded mode (a real process: it must exit 130 and leave the job 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -13,29 +12,26 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import REDIS_URL, write_jsonl
-from worker_processes import SCRIPTED_GENJOB, wait_for
 
 from genjob.cli import main
 from genjob.cli.follow import IdleWatch
 from genjob.cli.pace import Pace
 from genjob.db import session_scope
+from genjob.settings import Settings
 from genjob.tables import Job
+from tests.support.processes import SCRIPTED_GENJOB, service_env
+from tests.support.prompts import write_jsonl
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
-def broker_env(pg_url: str, queue_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Postgres and a queue of this test's own, with no worker consuming it."""
-    monkeypatch.setenv("GENJOB_DATABASE_URL", pg_url)
-    monkeypatch.setenv("GENJOB_BROKER_URL", REDIS_URL)
-    monkeypatch.setenv("GENJOB_QUEUE", queue_name)
-    monkeypatch.chdir(tmp_path)
-    write_jsonl(tmp_path / "p.jsonl", ['{"prompt": "a"}', '{"prompt": "b"}'])
-    return tmp_path
+def two_prompts(broker_env: Settings, tmp_path: Path) -> Path:
+    """p.jsonl, two prompts, in the working directory; Postgres and a queue no worker consumes."""
+    return write_jsonl(tmp_path / "p.jsonl", ['{"prompt": "a"}', '{"prompt": "b"}'])
 
 
 def test_wait_times_out_and_warns_that_nothing_consumes_the_queue(
-    broker_env: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch
+    two_prompts: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GENJOB_QUEUE_IDLE_WARN_S", "0.3")
     job_id = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--mode", "none"]).stdout.strip()
@@ -51,7 +47,7 @@ def test_wait_times_out_and_warns_that_nothing_consumes_the_queue(
     assert CliRunner().invoke(main, ["cancel", job_id]).exit_code == 0
 
 
-def test_top_once_shows_the_live_jobs_and_the_queues(broker_env: Path, queue_name: str) -> None:
+def test_top_once_shows_the_live_jobs_and_the_queues(two_prompts: Path, queue_name: str) -> None:
     job_id = CliRunner().invoke(main, ["submit", "p.jsonl", "-m", "m", "--mode", "none"]).stdout.strip()
     result = CliRunner().invoke(main, ["top", "--once"], terminal_width=200)
     assert result.exit_code == 0, result.output
@@ -82,15 +78,7 @@ def test_ctrl_c_in_embedded_mode_leaves_the_job_resumable(embedded_env: str, tmp
         for i in range(15)
     ]
     write_jsonl(tmp_path / "p.jsonl", prompts)
-    env = {
-        **os.environ,
-        "GENJOB_DATABASE_URL": embedded_env,
-        "GENJOB_BATCH_SIZE": "1",
-        "GENJOB_CHUNK_SIZE": "4",
-    }
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).parents[1] / "doubles"), env.get("PYTHONPATH", "")]
-    )
+    env = service_env(embedded_env, "gpu", broker_url=None, batch_size="1", chunk_size="4")
     process = subprocess.Popen(
         [*SCRIPTED_GENJOB, "submit", "p.jsonl", "-m", "m", "--mode", "none", "--wait"],
         cwd=tmp_path,

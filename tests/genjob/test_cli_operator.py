@@ -15,7 +15,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
-from conftest import write_jsonl
 from sqlalchemy import update
 
 from genjob.api.schemas import JobOut
@@ -23,6 +22,7 @@ from genjob.cli import main
 from genjob.cli import results as results_module
 from genjob.db import session_scope
 from genjob.tables import Job, utcnow
+from tests.support.prompts import write_jsonl
 
 
 def invoke(*args: str, **kwargs) -> Result:

@@ -9,10 +9,9 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import create_pg_database, drop_pg_database
-from process_helpers import GENJOB
 
 from genjob.cli import main
+from tests.support.processes import GENJOB
 
 
 def test_api_without_keys_refuses_a_public_address(embedded_env: str) -> None:
@@ -51,15 +50,11 @@ def test_api_refuses_a_port_in_use(embedded_env: str, reuse_port: bool) -> None:
     assert took < 10
 
 
-def test_api_on_a_stale_database_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    blank = create_pg_database("genjob_api_blank")
-    try:
-        monkeypatch.setenv("GENJOB_DATABASE_URL", blank)
-        result = CliRunner().invoke(main, ["api"])
-        assert result.exit_code == 1
-        assert "run `genjob db upgrade`" in result.output
-    finally:
-        drop_pg_database(blank)
+def test_api_on_a_stale_database_says_so(blank_pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENJOB_DATABASE_URL", blank_pg_url)
+    result = CliRunner().invoke(main, ["api"])
+    assert result.exit_code == 1
+    assert "run `genjob db upgrade`" in result.output
 
 
 def test_flower_needs_a_broker(embedded_env: str) -> None:

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session
-from store_helpers import RESULT, end_jobs_left_open, new_job, reclaim  # noqa: F401 (a fixture)
 
 from genjob import store
 from genjob.db import get_engine, run_statement, run_transaction, session_scope
 from genjob.store import leases
 from genjob.tables import Attempt, Item, Job, utcnow
+from tests.support.store import RESULT, new_job, reclaim
+
+pytestmark = pytest.mark.usefixtures("end_jobs_left_open")  # tests.support.store's jobs
 
 
 def finish_and_claim(url: str, job_id: str, finished: list, claim: list[int], holder: str = "w/1"):

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
-from conftest import REDIS_URL, delete_queue
 
 from genjob.constants import TASK_GENERATE_CHUNK
 from genjob.queueing import PUBLISH_RETRY_POLICY, chunk_summary, producer_app, publish_ranges, queue_keys
-
-
-@pytest.fixture
-def queue() -> Iterator[str]:
-    name = f"range-messages-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_queue(name)
+from tests.support.databases import REDIS_URL
 
 
 def queued(queue: str) -> list[dict[str, Any]]:
@@ -37,28 +27,28 @@ def queued(queue: str) -> list[dict[str, Any]]:
     return messages
 
 
-def test_a_range_message_is_what_send_task_sends(queue: str) -> None:
+def test_a_range_message_is_what_send_task_sends(queue_name: str) -> None:
     app = producer_app(REDIS_URL)
-    assert publish_ranges(app, job_id="job1", queue=queue, ranges=[(0, 64)]) == 1
+    assert publish_ranges(app, job_id="job1", queue=queue_name, ranges=[(0, 64)]) == 1
     app.send_task(
         TASK_GENERATE_CHUNK,
         args=("job1", 0, 64),
         argsrepr=chunk_summary("job1", 0, 64),
-        queue=queue,
+        queue=queue_name,
         priority=0,
         retry=True,
         retry_policy=PUBLISH_RETRY_POLICY,
     )
-    ours, celerys = queued(queue)
+    ours, celerys = queued(queue_name)
     assert ours == celerys
 
 
-def test_each_message_has_its_own_id_and_range(queue: str) -> None:
+def test_each_message_has_its_own_id_and_range(queue_name: str) -> None:
     app = producer_app(REDIS_URL)
     ranges = [(start, start + 10) for start in range(0, 1200, 10)]
-    assert publish_ranges(app, job_id="job2", queue=queue, ranges=ranges) == len(ranges)
+    assert publish_ranges(app, job_id="job2", queue=queue_name, ranges=ranges) == len(ranges)
     broker = redis.Redis.from_url(REDIS_URL)
-    raws = [json.loads(raw) for key in queue_keys(queue) for raw in broker.lrange(key, 0, -1)]
+    raws = [json.loads(raw) for key in queue_keys(queue_name) for raw in broker.lrange(key, 0, -1)]
     assert len({message["headers"]["id"] for message in raws}) == len(ranges)
     bodies = sorted(tuple(json.loads(base64.b64decode(m["body"]))[0]) for m in raws)
     assert bodies == sorted(("job2", start, stop) for start, stop in ranges)

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from worker_processes import WorkerProcess
+
+from tests.support.processes import WorkerProcess, stop_all
 
 
 @pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator:
-    """``start(name, env)`` starts a worker process logging to ``tmp_path``; every one stops at teardown."""
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """``start(name, env, **options)`` starts a ``WorkerProcess`` logging to ``tmp_path``; every one
+    stops at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(name: str, env: dict[str, str]) -> WorkerProcess:
-        worker = WorkerProcess(name, env, tmp_path / f"{name}.log")
+    def start(name: str, env: dict[str, str], **options: Any) -> WorkerProcess:
+        worker = WorkerProcess(name, env, tmp_path / f"{name}.log", **options)
         started.append(worker)
         return worker
 
     yield start
-    for worker in started:
-        worker.stop()
+    stop_all(started)

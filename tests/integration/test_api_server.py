@@ -7,7 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_helpers import GENJOB, free_port, running, service_env, wait_for
+
+from tests.support.processes import GENJOB, ServiceProcess, free_port, service_env, wait_until_serving
 
 pytestmark = pytest.mark.integration
 
@@ -18,11 +19,11 @@ def test_local_only_server(
     target, draft = tiny_pair
     port = free_port()
     models = json.dumps({"tiny": {"target": str(target), "draft": str(draft)}})
-    env = service_env(pg_url, queue_name, GENJOB_MODELS=models, GENJOB_MAX_UPLOAD_BYTES="4096")
+    env = service_env(pg_url, queue_name, models=models, max_upload_bytes="4096")
     log = tmp_path / "api.log"
     base = f"http://127.0.0.1:{port}"
-    with running([GENJOB, "api", "--port", str(port)], env, log):
-        health = wait_for(lambda: httpx.get(f"{base}/healthz", timeout=5), timeout=60, what="the API")
+    with ServiceProcess([GENJOB, "api", "--port", str(port)], env, log):
+        health = wait_until_serving(base)
         assert health.json() == {"status": "ok", "database": "ok", "broker": "ok"}
         assert "LOCAL-ONLY MODE" in log.read_text()
 

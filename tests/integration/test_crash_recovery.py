@@ -8,60 +8,24 @@ whole worker, a Redis restart (our own redis-server) and Postgres connections te
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from process_helpers import free_port
 from sqlalchemy import create_engine, text
-from worker_processes import (
-    FAST_RECOVERY,
-    exactly_once_report,
-    job_row,
-    prompts_file,
-    run_cli,
-    service_env,
-    submit,
-    wait_for,
-    wait_for_job_end,
-)
 
 from genjob.queueing import queue_depths
 from genjob.worker.sweeper import broker_mark_key
+from tests.support.databases import broker_marked
+from tests.support.jobs import assert_exactly_once, job_row, lost_attempts, wait_for_job_end
+from tests.support.processes import FAST_RECOVERY, RedisServer, run_cli, service_env, submit
+from tests.support.prompts import prompts_file
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def assert_exactly_once(pg_url: str, job_id: str, items: int) -> dict[str, int]:
-    report = exactly_once_report(pg_url, job_id)
-    assert report == {
-        "items": items,
-        "done_items": items,
-        "results": items,
-        "items_with_one_result": items,
-        "results_matching_prompt": items,
-        "done_attempts": items,
-        "open_attempts": 0,
-        "overlapping_attempts": 0,
-        "job_done_counter": items,
-    }
-    return report
-
-
-def lost_attempts(pg_url: str, job_id: str) -> int:
-    with create_engine(pg_url).connect() as connection:
-        return connection.execute(
-            text(
-                "SELECT count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
-                "WHERE i.job_id = :job AND a.outcome = 'lost'"
-            ),
-            {"job": job_id},
-        ).scalar_one()
 
 
 def slow_job_with_a_marked_item(tmp_path: Path, *, items: int, marked: int) -> tuple[Path, Path]:
@@ -85,7 +49,7 @@ def test_sigkill_mid_chunk_loses_and_duplicates_nothing(
     pid = int(
         wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=90, what="item 2 to start")
     )
-    owner = next(w for w in workers if pid in w.pool_pids())
+    owner = next(w for w in workers if pid in w.children())
     if victim == "pool-child":
         os.kill(pid, signal.SIGKILL)  # Celery sees WorkerLostError and requeues the message
     else:
@@ -97,50 +61,6 @@ def test_sigkill_mid_chunk_loses_and_duplicates_nothing(
     assert lost_attempts(pg_url, job_id) == 1  # the killed try, closed when its lease ran out
     if victim == "pool-child":
         assert "WorkerLostError" in owner.log() or "SIGKILL" in owner.log()
-
-
-class RedisServer:
-    """Our own redis-server, without persistence like scripts/services.sh: a restart loses all."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.directory = directory
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(self._answers, timeout=20, what="redis-server to answer")
-
-    def _answers(self) -> bool:
-        try:
-            return redis.Redis.from_url(self.url, socket_timeout=1).ping()
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
 
 
 @pytest.fixture
@@ -156,14 +76,13 @@ def test_redis_restart_mid_job_and_submit_during_the_outage(
 ) -> None:
     env = service_env(pg_url, queue_name, broker_url=own_redis.url, **FAST_RECOVERY)
     worker = start_worker(f"{queue_name}-a", env)
-    marked = lambda: redis.Redis.from_url(own_redis.url).exists(broker_mark_key(pg_url))  # noqa: E731
-    wait_for(marked, timeout=90, what="the worker's sweeper to mark the broker")
+    wait_for(lambda: broker_marked(own_redis.url, pg_url), timeout=90, what="the worker's sweeper to mark it")
 
     path = prompts_file(tmp_path / "p.jsonl", [f"item {i} sleep=0.2" for i in range(20)])
     job_id = submit(env, path, "--chunk-size", "4")
     wait_for(lambda: job_row(pg_url, job_id).done >= 2, timeout=90, what="two items done")
     own_redis.stop()  # the queued chunks are gone with it
-    time.sleep(2)
+    wait_for(lambda: "Connection to broker lost" in worker.log(), timeout=30, what="the worker to miss it")
     own_redis.start()
     job = wait_for_job_end(pg_url, job_id, timeout=120)
     assert (job.status, job.done) == ("completed", 20)

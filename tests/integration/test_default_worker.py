@@ -9,16 +9,23 @@ device check ran a matmul there). CUDA refuses a child forked after its context 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-from process_helpers import GENJOB, free_port, running, service_env, wait_for
 
 from genjob.worker.main import usable_cores
+from tests.support.processes import (
+    GENJOB,
+    ServiceProcess,
+    WorkerProcess,
+    free_port,
+    run_cli,
+    service_env,
+    wait_until_serving,
+)
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -59,11 +66,9 @@ main()
 """
 
 
-def default_env(pg_url: str, queue: str) -> dict[str, str]:
+def default_env(pg_url: str, queue: str, **settings: str) -> dict[str, str]:
     """A user's environment: the broker and database, nothing that only makes tests work."""
-    env = service_env(pg_url, queue)
-    env.pop("GENJOB_TORCH_THREADS")
-    return env
+    return service_env(pg_url, queue, torch_threads=None, **settings)
 
 
 def completed_batch(sdk: openai.OpenAI, body: bytes, endpoint: str, count: int, log: Path) -> list[dict]:
@@ -87,9 +92,9 @@ def test_the_main_process_runs_no_torch_op_before_the_pool_forks(
 ) -> None:
     report = tmp_path / "fork.json"
     argv = [sys.executable, "-c", RECORDING_WORKER, str(report), queue_name]
-    with running(argv, default_env(pg_url, queue_name), tmp_path / "worker.log") as process:
+    with ServiceProcess(argv, default_env(pg_url, queue_name), tmp_path / "worker.log") as process:
         wait_for(lambda: report.exists() or process.poll() is not None, timeout=120, what="the pool's fork")
-        log = (tmp_path / "worker.log").read_text()
+        log = process.log()
         assert report.exists(), log
         seen = json.loads(report.read_text())
     assert seen["calls"] == [], f"torch ran in the worker's main process before it forked: {seen['calls']}"
@@ -102,27 +107,11 @@ def test_a_default_worker_runs_a_draft_job_with_the_demo_pair(
     pg_url: str, queue_name: str, tmp_path: Path
 ) -> None:
     env = default_env(pg_url, queue_name)
-    log_path = tmp_path / "worker.log"
-    with running([GENJOB, "worker", "-Q", queue_name], env, log_path):
-        submitted = subprocess.run(
-            [
-                GENJOB,
-                "submit",
-                str(ROOT / "examples" / "prompts.jsonl"),
-                "-m",
-                str(DEMO / "target"),
-                "-a",
-                str(DEMO / "draft"),
-                "--max-new-tokens",
-                "16",
-                "--wait",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        log = log_path.read_text()
+    with WorkerProcess(queue_name, env, tmp_path / "worker.log", genjob=[GENJOB]) as worker:
+        model = ["-m", str(DEMO / "target"), "-a", str(DEMO / "draft")]
+        examples = str(ROOT / "examples" / "prompts.jsonl")
+        submitted = run_cli(env, "submit", examples, *model, "--max-new-tokens", "16", "--wait", timeout=300)
+        log = worker.log()
     assert submitted.returncode == 0, submitted.stderr + log
     assert "completed: 12 done, 0 failed of 12" in submitted.stderr
     cores = usable_cores()
@@ -133,15 +122,14 @@ def test_the_openai_sdk_flow_on_a_fresh_default_worker(pg_url: str, queue_name: 
     """files.create → batches.create → completed, on `genjob api` and a fresh `genjob worker` (default
     settings, an empty cost cache) running the demo pair from the allow-list."""
     models = json.dumps({"demo": {"target": str(DEMO / "target"), "draft": str(DEMO / "draft")}})
-    env = default_env(pg_url, queue_name)
-    env.update(GENJOB_MODELS=models, GENJOB_API_KEYS="k", GENJOB_COST_CACHE_DIR=str(tmp_path / "costs"))
+    env = default_env(pg_url, queue_name, models=models, api_keys="k", cost_cache_dir=str(tmp_path / "costs"))
     port = free_port()
     with (
-        running([GENJOB, "worker", "-Q", queue_name], env, tmp_path / "worker.log"),
-        running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"),
+        WorkerProcess(queue_name, env, tmp_path / "worker.log", genjob=[GENJOB]),
+        ServiceProcess([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"),
     ):
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, what="API")
+        wait_until_serving(base)
         sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k")
         requests = [
             {
@@ -172,44 +160,25 @@ def test_the_real_model_through_submit_and_the_openai_sdk(
     """The built-in smollm2 (a GGUF in its package, converted once into the default model cache) on a
     fresh default worker: `genjob submit --input-format openai -m smollm2`, and the SDK's Batches flow
     with `"model": "smollm2"`; chat lines rendered by its template, ending at its `<|im_end|>`."""
-    env = default_env(pg_url, queue_name)
-    env.update(GENJOB_API_KEYS="k", GENJOB_COST_CACHE_DIR=str(tmp_path / "costs"))
+    env = default_env(pg_url, queue_name, api_keys="k", cost_cache_dir=str(tmp_path / "costs"))
     jobs = tmp_path / "rewrite.jsonl"
     jobs.write_bytes(_first_lines(ROOT / "examples" / "rewrite.jsonl", 3, 48))
     port = free_port()
     with (
-        running([GENJOB, "worker", "-Q", queue_name], env, tmp_path / "worker.log"),
-        running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"),
+        WorkerProcess(queue_name, env, tmp_path / "worker.log", genjob=[GENJOB]) as worker,
+        ServiceProcess([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"),
     ):
-        submitted = subprocess.run(
-            [
-                GENJOB,
-                "submit",
-                str(jobs),
-                "--input-format",
-                "openai",
-                "-m",
-                "smollm2",
-                "--mode",
-                "prompt-lookup",
-                "--wait",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert submitted.returncode == 0, submitted.stderr + (tmp_path / "worker.log").read_text()
+        options = ["--input-format", "openai", "-m", "smollm2", "--mode", "prompt-lookup", "--wait"]
+        submitted = run_cli(env, "submit", str(jobs), *options, timeout=300)
+        assert submitted.returncode == 0, submitted.stderr + worker.log()
         assert "completed: 3 done, 0 failed of 3" in submitted.stderr
-        results = subprocess.run(
-            [GENJOB, "results", submitted.stdout.strip()], env=env, capture_output=True, text=True, check=True
-        )
+        results = run_cli(env, "results", submitted.stdout.strip(), check=True)
         rows = [json.loads(line) for line in results.stdout.splitlines()]
         assert [row["status"] for row in rows] == ["done"] * 3
         assert all("def " in row["output"] and "<|im_end|>" not in row["output"] for row in rows), rows
 
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, what="API")
+        wait_until_serving(base)
         sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k")
         body = _first_lines(ROOT / "examples" / "classify.jsonl", 4, 8)
         lines = completed_batch(sdk, body, "/v1/chat/completions", 4, tmp_path / "worker.log")

@@ -16,44 +16,21 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text, update
-from worker_processes import (
-    FAST_RECOVERY,
-    SCRIPTED_GENJOB,
-    exactly_once_report,
-    job_row,
-    prompts_file,
-    run_cli,
-    service_env,
-    submit,
-    wait_for,
-    wait_for_job_end,
-)
 
 from genjob import store
 from genjob.constants import TASK_GENERATE_CHUNK
-from genjob.db import get_engine, run_transaction, session_scope
+from genjob.db import run_transaction, session_scope
 from genjob.options import JobSpec
 from genjob.queueing import producer_app, publish_ranges
 from genjob.settings import Settings
 from genjob.submit import store_job
 from genjob.tables import Attempt, Item, Job, utcnow
+from tests.support.jobs import assert_exactly_once, job_row, live_leases, wait_for_job_end
+from tests.support.processes import FAST_RECOVERY, run_cli, service_env, submit, worker_argv
+from tests.support.prompts import prompts_file
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def assert_exactly_once(pg_url: str, job_id: str, items: int) -> None:
-    report = exactly_once_report(pg_url, job_id)
-    assert report == {
-        "items": items,
-        "done_items": items,
-        "results": items,
-        "items_with_one_result": items,
-        "results_matching_prompt": items,
-        "done_attempts": items,
-        "open_attempts": 0,
-        "overlapping_attempts": 0,
-        "job_done_counter": items,
-    }
 
 
 def stored_job(pg_url: str, queue: str, path: Path, model: str = "scripted") -> str:
@@ -68,7 +45,7 @@ def test_a_worker_whose_device_cannot_start_takes_no_chunk_and_says_why(
     env = service_env(pg_url, queue_name, device="cuda:99", **FAST_RECOVERY)
     job_id = submit(env, prompts_file(tmp_path / "p.jsonl", ["a", "b"]))
     started = subprocess.run(
-        [*SCRIPTED_GENJOB, "worker", "-Q", queue_name, "-c", "1", "-n", f"{queue_name}@%h"],
+        worker_argv(queue_name, queue_name, quiet=True),
         env=env,
         capture_output=True,
         text=True,
@@ -166,12 +143,7 @@ def test_sigterm_mid_chunk_gives_the_leases_back_at_once_and_loses_nothing(
     first.stop()  # SIGTERM to the worker and its pool process
     assert time.monotonic() - stopped_at < 15  # within the grace, far sooner than the lease (30 s)
     assert first.process.returncode == 0
-    with get_engine(pg_url).connect() as connection:
-        held = connection.execute(
-            text("SELECT count(*) FROM items WHERE job_id = :job AND lease_expires_at > now()"),
-            {"job": job_id},
-        ).scalar_one()
-    assert held == 0  # nothing left to wait for: the leases ended when it stopped
+    assert live_leases(pg_url, job_id) == 0  # nothing left to wait for: the leases ended when it stopped
     assert "stopping (SIGTERM)" in first.log()
 
     start_worker(f"{queue_name}-b", env)  # its sweeper queues the given-back items at once

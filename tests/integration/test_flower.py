@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import REDIS_URL, write_jsonl
-from process_helpers import GENJOB, free_port, running, service_env, wait_for
+
+from tests.support.databases import REDIS_URL
+from tests.support.processes import GENJOB, ServiceProcess, WorkerProcess, free_port, run_cli, service_env
+from tests.support.prompts import prompts_file
+from tests.support.waiting import NOT_UP, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,32 +29,28 @@ def test_flower_watches_the_worker_and_its_tasks(
     worker_name = f"{queue_name}@{socket.gethostname()}"
     port = free_port()
     flower_argv = [GENJOB, "flower", "--port", str(port), f"--basic-auth={':'.join(FLOWER_USER)}"]
-    worker_argv = [GENJOB, "worker", "-Q", queue_name, "-c", "1", "-n", f"{queue_name}@%h"]
     flower = httpx.Client(base_url=f"http://127.0.0.1:{port}", auth=FLOWER_USER, timeout=10)
 
-    with running(flower_argv, env, tmp_path / "flower.log"):
-        wait_for(lambda: flower.get("/healthcheck").status_code == 200, timeout=60, what="Flower")
+    with ServiceProcess(flower_argv, env, tmp_path / "flower.log"):
+        wait_for(
+            lambda: flower.get("/healthcheck").status_code == 200, timeout=60, what="Flower", tolerate=NOT_UP
+        )
         assert httpx.get(f"http://127.0.0.1:{port}/api/workers", timeout=10).status_code == 401
-        with running(worker_argv, env, tmp_path / "worker.log"):
+        with WorkerProcess(queue_name, env, tmp_path / "worker.log", genjob=[GENJOB]):
             alive = wait_for(
                 lambda: flower.get("/api/workers", params={"status": 1}).json().get(worker_name),
                 timeout=90,
                 what=f"worker {worker_name} online in Flower",
+                tolerate=NOT_UP,
             )
             assert alive is True
             inspected = flower.get("/api/workers", params={"refresh": 1, "workername": worker_name}).json()
             assert [q["name"] for q in inspected[worker_name]["active_queues"]] == [queue_name]
 
-            lines = [json.dumps({"prompt": f"def f{i}(x):", "id": f"q{i}"}) for i in range(6)]
-            path = write_jsonl(tmp_path / "p.jsonl", lines)
-            argv = [GENJOB, "submit", str(path), "-m", str(target), "-a", str(draft), "--chunk-size", "2"]
-            submitted = subprocess.run(
-                [*argv, "--max-new-tokens", "8"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=True,
+            path = prompts_file(tmp_path / "p.jsonl", [f"def f{i}(x):" for i in range(6)], id_format="q{}")
+            model = ["-m", str(target), "-a", str(draft)]
+            submitted = run_cli(
+                env, "submit", str(path), *model, "--chunk-size", "2", "--max-new-tokens", "8", check=True
             )
             job_id = submitted.stdout.strip()
 

@@ -15,8 +15,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_helpers import GENJOB, free_port, running, service_env, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.processes import (
+    GENJOB,
+    ServiceProcess,
+    child_pids,
+    free_port,
+    service_env,
+    wait_until_serving,
+)
+from tests.support.waiting import NOT_UP, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,27 +44,24 @@ def api(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[tuple[int, Pat
     env = service_env(
         pg_url,
         queue_name,
-        GENJOB_API_KEYS=f"{KEY},{OTHER_KEY}",
-        GENJOB_API_BODY_GRACE_S="2",
-        GENJOB_API_HEADER_TIMEOUT_S="4",
-        GENJOB_API_BODY_TIMEOUT_S="3",
-        GENJOB_API_MAX_UPLOADS="2",
-        GENJOB_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT),
-        GENJOB_MODELS='{"m": "some/model"}',
-        TMPDIR=str(spool),
+        api_keys=f"{KEY},{OTHER_KEY}",
+        api_body_grace_s="2",
+        api_header_timeout_s="4",
+        api_body_timeout_s="3",
+        api_max_uploads="2",
+        max_upload_bytes=str(UPLOAD_LIMIT),
+        models='{"m": "some/model"}',
     )
-    with running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log") as process:
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5), timeout=60, what="the API")
+    env["TMPDIR"] = str(spool)
+    with ServiceProcess([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log") as process:
+        wait_until_serving(f"http://127.0.0.1:{port}")
         yield port, spool, process.pid
 
 
 def spooled_bytes(pid: int, spool: Path) -> int:
     """Bytes in the temporary files the API's processes hold open under ``spool`` (they are unlinked
     at once, so only their open descriptors show them)."""
-    pids, total = [pid], 0
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            pids += [int(child) for child in (task / "children").read_text().split()]
+    pids, total = [pid, *child_pids(pid)], 0
     for process in pids:
         for fd in Path(f"/proc/{process}/fd").glob("*"):
             with contextlib.suppress(OSError):
@@ -174,7 +180,10 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
             wait_for(
-                lambda: uploads_receiving(client) == 2, timeout=30, what="both held uploads to be received"
+                lambda: uploads_receiving(client) == 2,
+                timeout=30,
+                what="both held uploads to be received",
+                tolerate=NOT_UP,
             )
             third = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", large)})
             assert third.status_code == 503, third.text
@@ -192,7 +201,7 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
                 peak = max(peak, spooled_bytes(pid, spool))
                 return uploads_receiving(client) == 0
 
-            wait_for(cut_off, timeout=60, what="the held uploads to be cut off at the limit", every=0.1)
+            wait_for(cut_off, timeout=60, what="the held uploads to be cut off at the limit", tolerate=NOT_UP)
             assert 0 < peak <= 2 * (UPLOAD_LIMIT + (64 << 10))
             assert all(sock.recv(4096).startswith(b"HTTP/1.1 413") for sock in holders)
             again = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", large)})
@@ -212,7 +221,10 @@ def test_one_key_holds_half_the_slots_and_a_too_slow_upload_is_cut(api: tuple[in
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
             wait_for(
-                lambda: uploads_receiving(client) == 1, timeout=30, what="one held upload, the others refused"
+                lambda: uploads_receiving(client) == 1,
+                timeout=30,
+                what="one held upload, the others refused",
+                tolerate=NOT_UP,
             )
             one_line = client.post(
                 "/v1/jobs",
@@ -257,4 +269,9 @@ def test_one_key_holds_half_the_slots_and_a_too_slow_upload_is_cut(api: tuple[in
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"GENJOB_API_BODY_MIN_RATE" in answer
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=10) as client:
-        wait_for(lambda: uploads_receiving(client) == 0, timeout=10, what="the slow upload's slot to be free")
+        wait_for(
+            lambda: uploads_receiving(client) == 0,
+            timeout=10,
+            what="the slow upload's slot to be free",
+            tolerate=NOT_UP,
+        )

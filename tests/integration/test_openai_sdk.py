@@ -19,13 +19,20 @@ import httpx
 import openai
 import pytest
 from openai.types import Batch, Completion
-from process_helpers import GENJOB, free_port, running, wait_for
 from sqlalchemy import select
-from worker_processes import FAST_RECOVERY, WorkerProcess, service_env
 
 from genjob.db import session_scope
 from genjob.tables import Batch as BatchRow
 from genjob.tables import Item
+from tests.support.processes import (
+    FAST_RECOVERY,
+    GENJOB,
+    ServiceProcess,
+    free_port,
+    service_env,
+    wait_until_serving,
+)
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +55,7 @@ def request_lines(prompts: list[str], **body) -> bytes:
 
 
 @pytest.fixture
-def service(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[str]:
+def service(pg_url: str, queue_name: str, tmp_path: Path, start_worker) -> Iterator[str]:
     """A live API and one scripted worker; yields the API's base URL."""
     port = free_port()
     env = service_env(
@@ -59,16 +66,11 @@ def service(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[str]:
         api_keys=f"{KEY},{OTHER_KEY}",
         models=MODELS,
     )
-    worker = WorkerProcess("sdk", env, tmp_path / "worker.log")
-    try:
-        with running([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"):
-            base = f"http://127.0.0.1:{port}"
-            wait_for(
-                lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200, timeout=60, what="API"
-            )
-            yield base
-    finally:
-        worker.stop()
+    start_worker(f"{queue_name}-a", env)
+    with ServiceProcess([GENJOB, "api", "--port", str(port)], env, tmp_path / "api.log"):
+        base = f"http://127.0.0.1:{port}"
+        wait_until_serving(base)
+        yield base
 
 
 def client(base: str, key: str = KEY, **options) -> openai.OpenAI:

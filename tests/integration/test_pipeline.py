@@ -5,49 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
-from engine_helpers import Reference
-from process_helpers import service_env
 
 from genjob.db import session_scope
 from genjob.generation.loading import load_model, load_tokenizer
 from genjob.tables import Item, Job, Result
+from tests.support.engine import Reference
+from tests.support.processes import GENJOB, run_cli, service_env
+from tests.support.prompts import write_jsonl
 
 pytestmark = pytest.mark.integration
 
-GENJOB = str(Path(sys.executable).with_name("genjob"))
 PROMPT_STEMS = ["def ", "import ", "class ", "return ", "for x in ", "if not ", "while ", "    self."]
 
 
-@pytest.fixture
-def worker_process(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[subprocess.Popen]:
-    log = (tmp_path / "worker.log").open("w")
-    process = subprocess.Popen(
-        [GENJOB, "worker", "-Q", queue_name, "-c", "1", "-n", f"{queue_name}@%h"],
-        env=service_env(pg_url, queue_name),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    yield process
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    log.close()
-
-
 def test_fifty_items_through_a_real_worker(
-    pg_url: str, queue_name: str, tiny_pair: tuple[Path, Path], tmp_path: Path, worker_process
+    pg_url: str, queue_name: str, tiny_pair: tuple[Path, Path], tmp_path: Path, start_worker
 ) -> None:
     target, draft = tiny_pair
     prompts = [f"{PROMPT_STEMS[i % len(PROMPT_STEMS)]}item_{i}" for i in range(50)]
@@ -57,21 +32,26 @@ def test_fifty_items_through_a_real_worker(
     ]
     path = write_jsonl(tmp_path / "prompts.jsonl", lines)
     env = service_env(pg_url, queue_name)
+    start_worker(queue_name, env, genjob=[GENJOB])
 
-    submitted = subprocess.run(
-        [GENJOB, "submit", str(path), "-m", str(target), "-a", str(draft), "--chunk-size", "7", "--wait"],
-        env=env,
-        capture_output=True,
-        text=True,
+    submitted = run_cli(
+        env,
+        "submit",
+        str(path),
+        "-m",
+        str(target),
+        "-a",
+        str(draft),
+        "--chunk-size",
+        "7",
+        "--wait",
         timeout=300,
     )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     assert "completed: 50 done, 0 failed of 50" in submitted.stderr
 
-    exported = subprocess.run(
-        [GENJOB, "results", job_id], env=env, capture_output=True, text=True, timeout=60, check=True
-    )
+    exported = run_cli(env, "results", job_id, timeout=60, check=True)
     records = [json.loads(line) for line in exported.stdout.splitlines()]
     assert [r["id"] for r in records] == [f"q{i:02d}" for i in range(50)]
     assert all(r["status"] == "done" for r in records)
@@ -100,18 +80,13 @@ def test_status_and_cancel_through_the_cli(pg_url: str, queue_name: str, tmp_pat
     """No worker listens: the job stays queued until cancelled; its items are cancelled too."""
     env = service_env(pg_url, queue_name)
     path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": f"p{i}"}) for i in range(3)])
-    submitted = subprocess.run(
-        [GENJOB, "submit", str(path), "-m", "some/model", "--mode", "none"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+    submitted = run_cli(
+        env, "submit", str(path), "-m", "some/model", "--mode", "none", timeout=60, check=True
     )
     job_id = submitted.stdout.strip()
-    cancel = subprocess.run([GENJOB, "cancel", job_id], env=env, capture_output=True, text=True, timeout=60)
+    cancel = run_cli(env, "cancel", job_id, timeout=60)
     assert cancel.stdout == f"cancelled {job_id}\n"
-    again = subprocess.run([GENJOB, "cancel", job_id], env=env, capture_output=True, text=True, timeout=60)
+    again = run_cli(env, "cancel", job_id, timeout=60)
     assert again.returncode == 1 and again.stderr == f"Error: job {job_id} already ended (cancelled)\n"
     with session_scope(pg_url) as session:
         assert {i.status for i in session.query(Item).filter_by(job_id=job_id)} == {"cancelled"}

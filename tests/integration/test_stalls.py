@@ -18,51 +18,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_helpers import free_port
-from sqlalchemy import text
-from worker_processes import (
-    FAST_RECOVERY,
-    exactly_once_report,
-    prompts_file,
-    service_env,
-    submit,
-    wait_for,
-    wait_for_job_end,
-)
 
-from genjob.db import get_engine
 from genjob.worker.stop_deadline import STOP_MARGIN_S
+from tests.support.jobs import assert_exactly_once, live_leases, lost_attempts, wait_for_job_end
+from tests.support.processes import FAST_RECOVERY, free_port, service_env, submit
+from tests.support.prompts import prompts_file
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def count(pg_url: str, sql: str, job_id: str) -> int:
-    with get_engine(pg_url).connect() as connection:
-        return connection.execute(text(sql), {"job": job_id}).scalar_one()
-
-
-def lost_attempts(pg_url: str, job_id: str) -> int:
-    return count(pg_url, "SELECT count(*) FROM attempts WHERE job_id = :job AND outcome = 'lost'", job_id)
-
-
-def live_leases(pg_url: str, job_id: str) -> int:
-    sql = "SELECT count(*) FROM items WHERE job_id = :job AND lease_expires_at > now()"
-    return count(pg_url, sql, job_id)
-
-
-def assert_exactly_once(pg_url: str, job_id: str, items: int) -> None:
-    report = exactly_once_report(pg_url, job_id)
-    assert report == {
-        "items": items,
-        "done_items": items,
-        "results": items,
-        "items_with_one_result": items,
-        "results_matching_prompt": items,
-        "done_attempts": items,
-        "open_attempts": 0,
-        "overlapping_attempts": 0,
-        "job_done_counter": items,
-    }
 
 
 def gone(pid: int) -> bool:

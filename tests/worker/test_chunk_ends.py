@@ -5,7 +5,6 @@ the job ended by the close whose counters add up, and one lease-renewal thread p
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,7 +12,6 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event, select, text, update
 from sqlalchemy.engine import Engine
-from store_helpers import RESULT, end_jobs_left_open, new_job  # noqa: F401 (a fixture)
 
 from genjob import store
 from genjob.db import get_engine, run_statement, run_transaction, session_scope
@@ -21,6 +19,11 @@ from genjob.settings import Settings
 from genjob.store import chunks as chunk_stores
 from genjob.tables import Attempt, Item, Job, utcnow
 from genjob.worker import chunks, leasing
+from tests.support.jobs import job_row
+from tests.support.store import RESULT, new_job
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.usefixtures("end_jobs_left_open")  # tests.support.store's jobs
 
 
 @pytest.fixture
@@ -78,11 +81,6 @@ def close_chunk(url: str, job_id: str, holder: str = "w/1", **kwargs):
     return run_statement(url, store.close_chunk, job_id=job_id, holder=holder, **kwargs)
 
 
-def job_row(url: str, job_id: str) -> Job:
-    with session_scope(url) as session:
-        return session.get_one(Job, job_id)
-
-
 def test_open_leases_the_range_marks_the_job_running_and_fails_items_out_of_tries(
     pg_url: str, sent: Counter[str]
 ) -> None:
@@ -134,15 +132,12 @@ def test_open_locks_the_job_before_its_items_as_a_cancel_does(pg_url: str) -> No
         holder.execute(text("SELECT 1 FROM jobs WHERE id = :job FOR UPDATE"), {"job": job_id})
         thread = threading.Thread(target=lambda: opened.append(open_chunk(pg_url, job_id, (0, 4))))
         thread.start()
-        deadline = time.monotonic() + 30
-        while not other.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND query LIKE '%gave_up%'"
-            )
-        ).scalar_one():
-            assert time.monotonic() < deadline, "the open never waited for the job's row"
-            time.sleep(0.05)
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%gave_up%'"
+        )
+        wait_for(
+            lambda: other.execute(waiting).scalar_one(), timeout=30, what="the open to wait for the job's row"
+        )
         other.rollback()
         free = other.execute(
             text("SELECT count(*) FROM (SELECT id FROM items WHERE job_id = :job FOR UPDATE NOWAIT) AS x"),
@@ -318,15 +313,10 @@ def test_one_thread_renews_every_chunk_of_a_process_and_none_after_its_stop(pg_u
         leasing.RENEWER.holding(settings, item_ids=ids[2:], holder="w/1") as second,
     ):
         assert threading.active_count() <= threads + 1
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(leases()[i] == before[i] for i in ids):
-            time.sleep(0.05)
+        wait_for(lambda: all(leases()[i] > before[i] for i in ids), timeout=10, what="both chunks renewed")
         renewed = leases()
-        assert all(renewed[i] > before[i] for i in ids)
         second.stop()
         stopped = leases()[ids[2]]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and leases()[ids[0]] == renewed[ids[0]]:
-            time.sleep(0.05)
-        assert leases()[ids[0]] > renewed[ids[0]]  # the first chunk's renewals go on ...
+        # the first chunk's renewals go on ...
+        wait_for(lambda: leases()[ids[0]] > renewed[ids[0]], timeout=10, what="the first chunk renewed again")
         assert leases()[ids[2]] == stopped  # ... the stopped one's do not

@@ -9,10 +9,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
-from engine_helpers import Reference, flat_costs
-from model_factory import build_model, build_tokenizer
-from prompt_files import iter_prompt_file
 from sqlalchemy import select
 
 from genjob import store
@@ -24,6 +20,9 @@ from genjob.settings import Settings
 from genjob.submit import input_limits
 from genjob.tables import Attempt, Item, Job, utcnow
 from genjob.worker import chunks, leasing, runners
+from tests.support.engine import Reference, flat_costs
+from tests.support.models import build_model, build_tokenizer
+from tests.support.prompts import iter_prompt_file, write_jsonl
 
 PROMPTS = ["def ", "import os\n", "class A:", "for i in range(3):", "x = ", "return ", "while True:", "if a:"]
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import write_jsonl
-from prompt_files import iter_prompt_file
-
 from genjob import store
 from genjob.constants import InputFormat
 from genjob.db import session_scope
@@ -18,6 +15,7 @@ from genjob.settings import Settings
 from genjob.submit import input_limits
 from genjob.worker import chunks
 from genjob.worker.runners import cut_at_stop
+from tests.support.prompts import iter_prompt_file, write_jsonl
 
 PROMPT = "def fibonacci(n):"
 

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from conftest import write_jsonl
-from model_factory import build_model, build_tokenizer
 from sqlalchemy import func, select
 
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.tables import Job, Result
+from tests.support.models import build_model, build_tokenizer
+from tests.support.prompts import write_jsonl
 
 PROMPTS = ["def foo(x):", "import os", "class A:", "for i in range(3):", "return", "while True:"]
 

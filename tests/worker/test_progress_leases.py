@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from genjob.settings import Settings
 from genjob.worker import leasing
 from genjob.worker.metrics import progress_report
+from tests.support.waiting import wait_for
 
 LEASE_S = 0.3  # renewals every 0.1 s
 ROUND_S = 0.25
@@ -52,11 +53,8 @@ def settings(**values: float) -> Settings:
     return Settings(lease_s=LEASE_S, round_stall_s=ROUND_S, **values)
 
 
-def poll(predicate: Callable[[], object], *, timeout: float = 10.0, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+def poll(predicate: Callable[[], object], *, what: str) -> None:
+    wait_for(predicate, timeout=10, what=what, every=0.01)
 
 
 @pytest.fixture

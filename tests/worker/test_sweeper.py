@@ -7,7 +7,6 @@ from datetime import timedelta
 
 import pytest
 import redis
-from conftest import REDIS_URL, create_pg_database, drop_pg_database
 from sqlalchemy import update
 
 from genjob import db, store
@@ -20,6 +19,7 @@ from genjob.settings import Settings
 from genjob.tables import Item, Job, utcnow
 from genjob.worker.celery_app import create_app
 from genjob.worker.sweeper import Sweeper, SweepReport, broker_mark_key
+from tests.support.databases import REDIS_URL
 
 
 def test_marker_key_names_the_database_not_the_url_spelling() -> None:
@@ -44,12 +44,12 @@ def test_marker_key_differs_between_databases() -> None:
 
 
 def test_a_sweep_on_a_fresh_database_and_broker_says_nothing_and_finishes_what_it_must(
-    queue_name: str, caplog: pytest.LogCaptureFixture
+    blank_pg_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The first sweep on a fresh database sets the marker without a word (there is nothing to queue
     again); later sweeps finish the queueing of a job whose submit stopped, and end a job whose items
     are all final."""
-    url = create_pg_database("genjob_sweep")
+    url = blank_pg_url
     broker = redis.Redis.from_url(REDIS_URL)
     try:
         db.upgrade(url)
@@ -82,4 +82,3 @@ def test_a_sweep_on_a_fresh_database_and_broker_says_nothing_and_finishes_what_i
         assert sweeper.sweep() == SweepReport()  # nothing left to do
     finally:
         broker.delete(broker_mark_key(url))
-        drop_pg_database(url)

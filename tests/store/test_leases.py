@@ -8,15 +8,18 @@ from datetime import timedelta
 import pytest
 import redis
 from click.testing import CliRunner
-from conftest import REDIS_URL, write_jsonl
 from sqlalchemy import select, text
-from store_helpers import RESULT, end_jobs_left_open, new_job, reclaim  # noqa: F401 (a fixture)
 
 from genjob import store
 from genjob.cli import main
 from genjob.db import run_transaction, session_scope
 from genjob.store import leases
 from genjob.tables import Attempt, Item, Job, Result, utcnow
+from tests.support.databases import REDIS_URL
+from tests.support.prompts import write_jsonl
+from tests.support.store import RESULT, new_job, reclaim
+
+pytestmark = pytest.mark.usefixtures("end_jobs_left_open")  # tests.support.store's jobs
 
 
 def claim(url: str, item_id: int, worker: str, *, now=None, max_attempts: int = 3):

@@ -7,24 +7,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import REDIS_URL, write_jsonl
-from prompt_files import iter_prompt_file, validate_prompt_file
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.formats.lines import InputFileError, InputLimits
 from genjob.formats.reader import check_prompts
-from genjob.tables import Item, Job
+from genjob.tables import Item
+from tests.support.databases import REDIS_URL
+from tests.support.jobs import stored_counts
+from tests.support.prompts import iter_prompt_file, validate_prompt_file, write_jsonl
 
 GOOD = json.dumps({"prompt": "def f():"})
-
-
-def counts(url: str) -> tuple[int, int]:
-    with session_scope(url) as session:
-        return session.scalar(select(func.count()).select_from(Job)), session.scalar(
-            select(func.count()).select_from(Item)
-        )
 
 
 @pytest.fixture
@@ -111,42 +105,42 @@ def test_bad_line_fails_submit_with_line_number_and_writes_nothing(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "p.jsonl", lines)
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none"])
     assert result.exit_code == 1
     assert result.output == f"Error: {expected}\n"
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_empty_file(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.jsonl").write_bytes(b"\n  \n")
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none"])
     assert result.exit_code == 1
     assert result.output == "Error: p.jsonl: no prompts found (the file is empty or has only blank lines)\n"
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_non_utf8_bytes(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.jsonl").write_bytes(GOOD.encode() + b'\n{"prompt": "caf\xe9"}\n')
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none"])
     assert result.exit_code == 1
     assert result.output == "Error: p.jsonl:2: not valid UTF-8 (byte 0xe9 at offset 15)\n"
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_ten_megabyte_line(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     huge = json.dumps({"prompt": "x" * (10 << 20)})
     write_jsonl(tmp_path / "p.jsonl", [GOOD, huge, GOOD])
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none"])
     assert result.exit_code == 1
     assert result.output == "Error: p.jsonl:2: line is longer than the limit of 1048576 bytes\n"
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_all_errors_reported_up_to_a_limit(tmp_path: Path) -> None:
@@ -175,23 +169,23 @@ def submit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str):
 
 def test_truncated_last_line_says_so(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "p.jsonl").write_bytes(f'{GOOD}\n{GOOD}\n{{"prompt": "def g('.encode())
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = submit_file(tmp_path, monkeypatch)
     assert result.exit_code == 1
     assert result.output == (
         "Error: p.jsonl:3: invalid JSON: Unterminated string starting at (column 12); "
         "the file ends in the middle of this line (truncated?)\n"
     )
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_utf16_file(pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "p.jsonl").write_bytes((GOOD + "\n" + GOOD + "\n").encode("utf-16"))
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = submit_file(tmp_path, monkeypatch)
     assert result.exit_code == 1
     assert result.output == "Error: p.jsonl:1: the file is UTF-16 (byte order mark ff fe); save it as UTF-8\n"
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_a_one_gigabyte_file_is_refused_before_reading_it(
@@ -200,14 +194,14 @@ def test_a_one_gigabyte_file_is_refused_before_reading_it(
     with (tmp_path / "p.jsonl").open("wb") as sparse:  # 1 GiB on paper, nothing on disk
         sparse.write(GOOD.encode() + b"\n")
         sparse.truncate(1 << 30)
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = submit_file(tmp_path, monkeypatch)
     assert result.exit_code == 1
     assert result.output == (
         "Error: p.jsonl: the file is 1073741824 bytes, over the limit of 536870912 bytes "
         "(GENJOB_MAX_UPLOAD_BYTES)\n"
     )
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_a_stream_over_the_size_limit_stops_there(tmp_path: Path) -> None:
@@ -234,10 +228,10 @@ def test_max_new_tokens_option_out_of_range(
     pg_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, expected: str
 ) -> None:
     write_jsonl(tmp_path / "p.jsonl", [GOOD])
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = submit_file(tmp_path, monkeypatch, "--max-new-tokens", option)
     assert (result.exit_code, result.output) == (1, expected)
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_prompt_longer_than_a_local_models_context_is_refused_at_submit(
@@ -250,7 +244,7 @@ def test_prompt_longer_than_a_local_models_context_is_refused_at_submit(
         json.dumps({"prompt": "x", "max_new_tokens": 600}),
     ]
     write_jsonl(tmp_path / "p.jsonl", lines)
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", str(target), "--max-new-tokens", "16"])
     assert result.exit_code == 1
@@ -263,7 +257,7 @@ def test_prompt_longer_than_a_local_models_context_is_refused_at_submit(
         f"p.jsonl:3: field 'prompt': 1 tokens + max_new_tokens 600 exceeds the context of 512 tokens "
         f"of model {target}"
     )
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before
 
 
 def test_bom_crlf_and_blank_lines_are_stored_clean(
@@ -306,8 +300,8 @@ def test_a_bad_line_deep_in_a_large_file_rolls_back_the_copy_under_way(
     lines = [json.dumps({"prompt": f"prompt {i}: " + "x" * 200, "id": f"line-{i}"}) for i in range(30_000)]
     lines.insert(25_000, bad)
     write_jsonl(tmp_path / "p.jsonl", lines)
-    before = counts(pg_env)
+    before = stored_counts(pg_env)
     result = CliRunner().invoke(main, ["submit", "p.jsonl", "--model", "m", "--mode", "none"])
     assert result.exit_code == 1
     assert result.output == f"Error: p.jsonl:25001: {expected}\n"
-    assert counts(pg_env) == before
+    assert stored_counts(pg_env) == before

@@ -10,9 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_jsonl
-from model_factory import EOS, build_tokenizer, with_chat_template
-from prompt_files import FakeTokenizer, iter_prompt_file, validate_prompt_file
 from tokenizers import processors
 
 from genjob.cli import main
@@ -22,6 +19,8 @@ from genjob.formats.openai_output import response_record
 from genjob.formats.reader import first_line_model
 from genjob.generation.prompt_tokenizer import ChatTemplateError, PromptTokenizer
 from genjob.tables import Item, Job, Result
+from tests.support.models import EOS, build_tokenizer, with_chat_template
+from tests.support.prompts import FakeTokenizer, iter_prompt_file, validate_prompt_file, write_jsonl
 
 OPENAI = {"limits": InputLimits(), "input_format": InputFormat.OPENAI}
 

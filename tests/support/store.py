@@ -1,19 +1,16 @@
-"""Jobs, items and results for the store's tests on a real Postgres (test_leases, test_hot_path), and
-the fixture that ends the jobs they leave open (import it into the test module)."""
+"""Jobs, items and results for the store's tests on a real Postgres (on queue ``q``: the fixture
+``end_jobs_left_open`` ends the jobs they leave open)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from genjob import store
 from genjob.db import run_transaction, session_scope
 from genjob.formats.reader import PromptItem
 from genjob.options import JobSpec
 from genjob.store import leases
-from genjob.tables import Item, Job
+from genjob.tables import Item
 
 RESULT = {
     "output": "x",
@@ -28,18 +25,6 @@ RESULT = {
     "latency_s": 0.1,
     "worker": "w",
 }
-
-
-@pytest.fixture(autouse=True)
-def end_jobs_left_open(pg_url: str) -> Iterator[None]:
-    """Jobs left open here would be queued again by a later test's worker (broker recovery)."""
-    yield
-    with session_scope(pg_url) as session:
-        session.execute(
-            update(Job)
-            .where(Job.queue == "q", Job.status.in_(["queued", "running"]))
-            .values(status="cancelled")
-        )
 
 
 def new_job(url: str, n: int = 3, **kwargs) -> tuple[str, list[int]]:

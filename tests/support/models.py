@@ -1,4 +1,5 @@
-"""Tiny target/draft pairs with random weights, built on disk and loaded by path like real models.
+"""Tiny target/draft pairs with random weights, built on disk and loaded by path like real models; a model
+in a Hugging Face cache as a download leaves it.
 
 Untied embeddings: random GPT-2s with tied embeddings repeat their last token and agree almost
 always, which would hide every disagreement path in the engine.
@@ -6,6 +7,7 @@ always, which would hide every disagreement path in the engine.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sysconfig
 from pathlib import Path
@@ -88,3 +90,16 @@ def with_chat_template(model: Path, directory: Path, template: str = CHAT_TEMPLA
     tokenizer.chat_template = template
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def cache_hub_model(cache: Path, repo_id: str) -> Path:
+    """``repo_id`` in the Hugging Face cache ``cache`` as a download leaves it (refs/main naming a
+    snapshot with a config.json); returns the snapshot."""
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / "config.json").write_text("{}", encoding="utf-8")
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+    return snapshot

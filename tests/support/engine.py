@@ -1,9 +1,11 @@
-"""Shared helpers of the engine tests: the oracle (transformers' plain greedy ``generate``), a draft that
-mostly agrees, costs that need no timing, requests."""
+"""Shared helpers of the engine tests (and bench/lossless.py): the oracle (transformers' plain greedy
+``generate``) and where a row may differ from it, a draft that mostly agrees, costs that need no timing,
+requests."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -12,7 +14,41 @@ from genjob.generation.costs import CostModel
 from genjob.generation.requests import Request
 
 REFERENCE_TOKENS = 40  # greedy with max_new_tokens=k is the first k tokens of this decode
-DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
+
+
+def greedy(
+    model, ids: list[int], max_new_tokens: int, eos: Iterable[int] | None, pad_token_id: int = 0
+) -> list[int]:
+    """The oracle: transformers' own greedy ``generate`` of one prompt (batch 1, no assistant), its new
+    tokens; it stops at any of ``eos`` (None: never)."""
+    prompt = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None if eos is None else sorted(eos),
+            pad_token_id=pad_token_id,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def top2_gap(model, ids: list[int]) -> float:
+    """How far apart the model's two best logits for the token after ``ids`` are."""
+    with torch.inference_mode():
+        top = model(torch.tensor([ids])).logits[0, -1].topk(2).values
+    return float(top[0] - top[1])
+
+
+def gap_where_they_differ(model, ids: list[int], got: list[int], expected: list[int]) -> float | None:
+    """None where ``got`` is the oracle's ``expected``; else the top-2 gap of the oracle's logits at the
+    first position they differ (float noise may flip a near tie, and only that)."""
+    if got == expected:
+        return None
+    at = next(j for j, (a, b) in enumerate(zip(got, [*expected, -1], strict=False)) if a != b)
+    return top2_gap(model, ids + expected[:at])
 
 
 class Reference:
@@ -27,18 +63,8 @@ class Reference:
     def decode(self, prompt: list[int]) -> list[int]:
         key = tuple(prompt)
         if key not in self._memo:
-            ids = torch.tensor([prompt])
             room = self.target.config.n_positions - len(prompt)
-            with torch.inference_mode():
-                out = self.target.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=min(REFERENCE_TOKENS, room),
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-            self._memo[key] = out[0, len(prompt) :].tolist()
+            self._memo[key] = greedy(self.target, prompt, min(REFERENCE_TOKENS, room), None)
         return self._memo[key]
 
     def __call__(self, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
