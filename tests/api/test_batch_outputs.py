@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import update
 
 from genjob import batch_files, batches, store
+from genjob.api.prompt_tokenizer import PromptTokenizer
 from genjob.constants import OpenAIEndpoint
 from genjob.db import session_scope
-from genjob.generation.prompt_tokenizer import PromptTokenizer
 from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.tables import Item, Job, Result, utcnow

@@ -12,7 +12,6 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from genjob.catalog import build_job_spec
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.settings import Settings
@@ -20,6 +19,7 @@ from genjob.store.idempotency import IdempotencyConflict
 from genjob.submit import Submitter, store_job
 from genjob.tables import Job
 from tests.support.api import jsonl, with_settings
+from tests.support.specs import build_job_spec
 
 PROMPTS = [{"prompt": "def f(x):", "id": "a"}, {"prompt": "import os"}]
 

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from genjob import store
 from genjob.api.app import create_app
 from genjob.api.deps import owner_of_key
-from genjob.catalog import build_job_spec
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.submit import store_job
 from genjob.tables import Job
 from tests.support.api import jsonl, run_pending_here, with_settings
+from tests.support.specs import build_job_spec
 
 PROMPTS = [{"prompt": "def f(x):", "id": "a"}, {"prompt": "import os"}]
 BATCH_LINES = [{"custom_id": "r1", "body": {"model": "tiny", "prompt": "def g():", "max_tokens": 2}}]

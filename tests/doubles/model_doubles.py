@@ -3,7 +3,8 @@
 Its "engine" echoes the prompt and obeys directives written in it, so one worker serves many tests
 and each item decides its own behaviour:
 
-  ``sleep=0.4``          take 0.4 s (a slow item, so kills and cancels land mid-chunk)
+  ``sleep=0.4``          take 0.4 s a step (a slow item, so kills and cancels land mid-chunk)
+  ``rounds=30``          stay in the batch for 30 steps before it finishes (rows in flight for a while)
   ``poison``             always raise
   ``poison-while=PATH``  raise while the file PATH exists (then a retry succeeds)
   ``pid-file=PATH``      write this process's pid to PATH before working (to kill it there)
@@ -35,7 +36,7 @@ from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
 
-DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while|hang-once)=(\S+)|\b(poison)\b")
+DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while|hang-once|rounds)=(\S+)|\b(poison)\b")
 
 
 class PoisonError(RuntimeError):
@@ -61,6 +62,7 @@ class ScriptedEngine:
     prompts: dict[int, str] = field(default_factory=dict)
     seqs: dict[int, int] = field(default_factory=dict)
     queue: deque[Request] = field(default_factory=deque)
+    steps: dict[int, int] = field(default_factory=dict)  # row key -> steps it has been in
     stats: EngineStats = field(default_factory=EngineStats)
     k: int = 0
     proposer: None = None
@@ -80,6 +82,7 @@ class ScriptedEngine:
     def abandon(self) -> list[int]:
         keys = [request.key for request in self.queue]
         self.queue.clear()
+        self.steps.clear()
         return keys
 
     def step(self) -> list[Finished]:
@@ -103,6 +106,12 @@ class ScriptedEngine:
         for request in rows:
             self.queue.popleft()
             prompt = self.prompts[abs(request.key)]
+            wanted = [int(value) for key, value, _ in DIRECTIVE.findall(prompt) if key == "rounds"]
+            self.steps[request.key] = self.steps.get(request.key, 0) + 1
+            if wanted and self.steps[request.key] < wanted[0]:
+                self.queue.append(request)  # in flight for another step
+                continue
+            self.steps.pop(request.key, None)
             stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, rounds=1)
             stats.latency_s = seconds / len(rows)
             finished.append(

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from tokenizers import processors
 
+from genjob.api.prompt_tokenizer import ChatTemplateError, PromptTokenizer
 from genjob.cli import main
 from genjob.constants import InputFormat
 from genjob.formats.lines import InputFileError, InputLimits, LineError
 from genjob.formats.openai_output import response_record
 from genjob.formats.reader import first_line_model
-from genjob.generation.prompt_tokenizer import ChatTemplateError, PromptTokenizer
 from genjob.tables import Item, Job, Result
 from tests.support.models import EOS, build_tokenizer, with_chat_template
 from tests.support.prompts import FakeTokenizer, iter_prompt_file, validate_prompt_file, write_jsonl

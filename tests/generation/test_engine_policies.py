@@ -16,7 +16,7 @@ from genjob.generation.engine import Engine
 from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposers import NgramIndex, PromptLookup
 from genjob.generation.requests import Request
-from genjob.generation.stopping import StopSequences, cut_text
+from genjob.generation.stopping import cut_at_stop, stop_check
 from tests.support.engine import Reference, flat_costs, perturbed, request
 from tests.support.models import build_model, build_tokenizer
 
@@ -157,7 +157,7 @@ def test_stop_sequences_end_a_row_and_cut_its_text(target, tiny_pair) -> None:
     full = Reference(target)(ids, 30, None)
     text = tokenizer.decode(full)
     stop = text[len(text) // 2 : len(text) // 2 + 3]
-    check = StopSequences(tokenizer, [stop])
+    check = stop_check(tokenizer, [stop])
     one = type(request(0, ids, 30))(key=0, input_ids=ids, max_new_tokens=30, stop=check)
     engine = Engine(target, PromptLookup(), max_rows=1, k_max=4, costs=flat_costs(4))
     (done,) = list(engine.generate([one]))
@@ -165,7 +165,7 @@ def test_stop_sequences_end_a_row_and_cut_its_text(target, tiny_pair) -> None:
     kept = tokenizer.decode(done.token_ids)
     assert stop in kept and stop not in tokenizer.decode(done.token_ids[:-1])
     assert done.token_ids == full[: len(done.token_ids)]
-    assert cut_text(kept, [stop]) == text[: text.index(stop)]
+    assert cut_at_stop(kept, [stop]) == text[: text.index(stop)]
 
 
 def test_the_kv_budget_bounds_the_rows(target, tiny_pair) -> None:

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from genjob.catalog import JobOptionsError, build_job_spec, resolve_model
+from genjob.catalog import JobOptionsError, resolve_model
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.tables import Job
 from tests.support.models import cache_hub_model
 from tests.support.prompts import write_jsonl
+from tests.support.specs import build_job_spec
 
 SETTINGS = Settings(
     models={

@@ -256,14 +256,13 @@ def test_a_misspelt_model_name_suggests_the_listed_one(env: str, tmp_path: Path,
 def test_calibrate_measures_once_and_keeps_it(
     tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from genjob.generation import cost_timing
-    from genjob.worker import runners
+    from genjob.generation import cost_cache, cost_timing
 
     monkeypatch.setattr(cost_timing, "STEADY_TOLERANCE", float("inf"))  # the suite's machine may be busy
     monkeypatch.setenv("GENJOB_COST_CACHE_DIR", str(tmp_path / "costs"))
     target, draft = tiny_pair
     args = ("calibrate", "-m", str(target), "-a", str(draft), "--batch-size", "2", "--draft-tokens", "3")
-    runners.measured_costs.cache_clear()
+    cost_cache.measured_costs.cache_clear()
     first = invoke(*args)
     assert first.exit_code == 0, first.output
     lines = first.output.splitlines()
@@ -274,7 +273,7 @@ def test_calibrate_measures_once_and_keeps_it(
     assert re.fullmatch(
         rf"measured in [\d.]+ s \(loading the models included\); kept in {tmp_path}/costs", lines[2]
     )
-    runners.measured_costs.cache_clear()  # as a worker process started later
+    cost_cache.measured_costs.cache_clear()  # as a worker process started later
     second = invoke(*args)
     assert second.exit_code == 0, second.output
     assert second.output.splitlines()[:2] == lines[:2]

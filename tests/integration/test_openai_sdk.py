@@ -55,14 +55,17 @@ def request_lines(prompts: list[str], **body) -> bytes:
 
 
 @pytest.fixture
-def service(pg_url: str, queue_name: str, tmp_path: Path, start_worker) -> Iterator[str]:
-    """A live API and one scripted worker; yields the API's base URL."""
+def service(
+    request: pytest.FixtureRequest, pg_url: str, queue_name: str, tmp_path: Path, start_worker
+) -> Iterator[str]:
+    """A live API and one scripted worker (4 items a chunk, or the test's ``worker_settings`` mark);
+    yields the API's base URL."""
+    mark = request.node.get_closest_marker("worker_settings")
     port = free_port()
     env = service_env(
         pg_url,
         queue_name,
-        **FAST_RECOVERY,
-        chunk_size="4",
+        **{**FAST_RECOVERY, "chunk_size": "4", **(mark.kwargs if mark else {})},
         api_keys=f"{KEY},{OTHER_KEY}",
         models=MODELS,
     )
@@ -199,6 +202,35 @@ def test_cancel_mid_run_keeps_the_finished_part(service: str) -> None:
     errors = [json.loads(line) for line in sdk.files.content(ended.error_file_id).text.splitlines()]
     assert len(errors) == 20 - done
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+
+
+@pytest.mark.worker_settings(chunk_size="24", batch_size="24")
+def test_cancel_stops_the_rows_in_flight(service: str, pg_url: str) -> None:
+    """24 requests decoded as one batch of 24 rows (each in flight for ~60 steps): a cancel drops the
+    rows at the engine's next check instead of letting the whole batch run to its end."""
+    sdk = client(service)
+    file = sdk.files.create(
+        file=("wide.jsonl", request_lines(["rounds=60 sleep=0.005"] * 24)), purpose="batch"
+    )
+    batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/completions", completion_window="24h")
+    job_id = batch.model_extra["genjob"]["job_id"]
+
+    def running() -> int:
+        with session_scope(pg_url) as session:
+            return len(
+                session.scalars(select(Item.id).where(Item.job_id == job_id, Item.status == "running")).all()
+            )
+
+    wait_for(lambda: running() == 24, timeout=60, what="all 24 rows in flight")
+    assert sdk.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    ended = wait_for_batch(sdk, batch.id, {"cancelled"})
+    assert ended.request_counts is not None and ended.request_counts.completed < 24
+    errors = [json.loads(line) for line in sdk.files.content(ended.error_file_id).text.splitlines()]
+    assert len(errors) == 24 - ended.request_counts.completed
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    with session_scope(pg_url) as session:
+        statuses = session.scalars(select(Item.status).where(Item.job_id == job_id)).all()
+    assert "running" not in statuses and statuses.count("cancelled") == len(errors)
 
 
 def test_a_bad_line_fails_the_batch_naming_the_line(service: str) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from genjob import store
 from genjob.db import session_scope
+from genjob.generation import cost_cache
 from genjob.generation.engine import Engine
 from genjob.generation.loading import load_model
 from genjob.options import JobSpec
@@ -138,10 +139,10 @@ def test_a_chunk_of_several_items_is_decoded_in_batches(
 def dear_draft_costs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The worker's costs given, not timed (a busy machine must not decide a test): a draft step costs
     five verifications."""
-    monkeypatch.setattr(runners, "costs_for", lambda *_a, **_k: flat_costs(8, draft_step=5.0))
-    runners.measured_costs.cache_clear()
+    monkeypatch.setattr(cost_cache, "costs_for", lambda *_a, **_k: flat_costs(8, draft_step=5.0))
+    cost_cache.measured_costs.cache_clear()
     yield
-    runners.measured_costs.cache_clear()
+    cost_cache.measured_costs.cache_clear()
 
 
 def test_a_draft_that_does_not_pay_leaves_the_job_to_plain_decoding(

@@ -10,11 +10,11 @@ from pathlib import Path
 from genjob import store
 from genjob.constants import InputFormat
 from genjob.db import session_scope
+from genjob.generation.stopping import cut_at_stop
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.submit import input_limits
 from genjob.worker import chunks
-from genjob.worker.runners import cut_at_stop
 from tests.support.prompts import iter_prompt_file, write_jsonl
 
 PROMPT = "def fibonacci(n):"

@@ -1,9 +1,8 @@
-"""The batch size a worker suggests from its measured plain steps (``runners.suggested_batch_size``)."""
+"""The batch size a worker suggests from its measured plain steps (``genjob.generation.costs.suggested_batch_size``)."""
 
 from __future__ import annotations
 
-from genjob.generation.costs import CostModel
-from genjob.worker.runners import suggested_batch_size
+from genjob.generation.costs import CostModel, suggested_batch_size
 
 
 def plain_steps(seconds: dict[int, float]) -> CostModel:

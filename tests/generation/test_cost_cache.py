@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from genjob.generation import cost_timing
+from genjob.generation import cost_cache, cost_timing
 from genjob.generation.costs import CostModel
 from genjob.generation.loading import load_model
 from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.worker import cost_cache, runners
+from genjob.worker import runners
 
 
 @pytest.fixture(autouse=True)
@@ -143,9 +143,9 @@ def test_a_new_process_running_the_same_draft_job_is_charged_no_setup(
     target, draft = tiny_pair
     spec = JobSpec(model=str(target), assistant=str(draft), draft_tokens=3, batch_size=2)
     settings = Settings(cost_cache_dir=str(tmp_path))
-    runners.measured_costs.cache_clear()
+    cost_cache.measured_costs.cache_clear()
     assert runners.JobRunner.build(spec, settings=settings).setup_extra_s > 0
-    runners.measured_costs.cache_clear()  # as in a new worker process
+    cost_cache.measured_costs.cache_clear()  # as in a new worker process
     assert runners.JobRunner.build(spec, settings=settings).setup_extra_s == 0.0
 
 
@@ -157,7 +157,7 @@ def test_a_plain_job_with_its_batch_size_measures_nothing(
 
     monkeypatch.setattr(cost_timing, "measure", no_timing)
     target, _ = tiny_pair
-    runners.measured_costs.cache_clear()
+    cost_cache.measured_costs.cache_clear()
     spec = JobSpec(model=str(target), mode="none", batch_size=4)
     runner = runners.JobRunner.build(spec, settings=Settings(cost_cache_dir=str(tmp_path)))
     assert runner.engine.costs is None and runner.setup_extra_s == 0.0
