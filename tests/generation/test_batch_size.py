@@ -1,4 +1,4 @@
-"""The batch size a worker suggests from its measured plain steps (``genjob.generation.costs.suggested_batch_size``)."""
+"""The batch size a worker suggests from its measured plain steps (``costs.suggested_batch_size``)."""
 
 from __future__ import annotations
 
