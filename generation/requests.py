@@ -64,6 +64,9 @@ class RowStats:
     latency_s: float = 0.0
     wall_s: float = 0.0
     finish_reason: str = "length"  # or "stop" (an EOS id or a stop sequence)
+    # Per proposer (mode auto, ``proposer_mix``): [rounds it drafted for the row, proposed, accepted,
+    # rejections]
+    by_proposer: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def mean_gamma(self) -> float:
@@ -90,6 +93,8 @@ class Row:
     failures: int = 0  # rejections
     draft_length: int = 0  # tokens in the draft model's cache (draft proposer)
     ngrams: NgramIndex | None = None  # the row's n-gram index (prompt lookup)
+    proposer: str | None = None  # who drafts for it this round (mode auto: ``proposer_mix``)
+    evidence: dict[str, list[float]] = field(default_factory=dict)  # per proposer: recent [accepted, refused]
     finished: bool = False
 
     @property

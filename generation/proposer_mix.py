@@ -1,0 +1,165 @@
+"""Mode auto: every proposer the job can have, and each row, each round, drafts from the one that pays it.
+
+``ProposerMix`` is itself a ``Proposer``, so the engine is unchanged: it forwards the slot operations to
+every proposer it holds (a draft model keeps its cache in step) and, in ``available``, picks for each
+row the proposer with the most expected accepted tokens this round: Σ_{i≤n} α^i for the n tokens that
+proposer has for the row and its acceptance α on this row (its recent accepted / (accepted + refused)
+for that proposer, each round's evidence fading by ``DECAY``, pulled towards the proposer's job-wide
+rate by ``ROW_PRIOR`` pseudo-observations;
+a proposer no row has tried starts at ``PRIOR_ALPHA``). A row where no proposer expects ``MIN_EXPECTED``
+accepted tokens gets none (its k is 0 while the others draft). Every ``EXPLORE_EVERY``-th round a row
+drafts from the offering proposer it has tried least, so no proposer's estimate goes stale. Rows of one batch may so draft from
+different proposers, verified in one target pass: ``propose`` runs each chosen proposer once over the
+batch and takes each row's tokens from its own (with a sampled proposer among them, the other rows'
+q is one-hot at their tokens, exactly what "not sampled" means to the acceptance rule).
+
+What each row drafted from is counted in its ``RowStats.by_proposer`` (rounds chosen, proposed,
+accepted, rejections), and the job-wide tallies in ``totals``. Must not know: the database, Celery,
+HTTP, the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from genjob.generation.proposers import BatchView, Proposal, Proposer
+from genjob.generation.requests import Row
+
+PRIOR_ALPHA = 0.5  # a proposer nobody has tried yet: as likely to be right as wrong
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind a proposer's job-wide rate
+ROW_PRIOR = 2.0  # pseudo-observations of the job-wide rate behind a row's own
+DECAY = 0.7  # a row's evidence fades by this each round it drafts: what its text does now counts most
+EXPLORE_EVERY = 8  # every 8th round of a row, a proposer with tokens to offer that it has tried least
+MIN_EXPECTED = 0.25  # fewer expected accepted tokens than this: the row drafts nothing this round
+
+
+def expected_accepted(alpha: float, n: int) -> float:
+    """Σ_{i=1..n} α^i: the drafts a row accepts on average from n of them at per-token acceptance α."""
+    return sum(alpha**i for i in range(1, n + 1))
+
+
+class ProposerMix:
+    """A per-row choice among ``proposers`` (first = preferred on a tie: put the cheapest first)."""
+
+    name = "auto"
+
+    def __init__(self, proposers: Sequence[Proposer]) -> None:
+        if not proposers:
+            raise ValueError("a mix needs at least one proposer")
+        self.proposers = {proposer.name: proposer for proposer in proposers}
+        self.totals = {
+            name: [0, 0, 0, 0] for name in self.proposers
+        }  # rounds, proposed, accepted, rejections
+        self._ran: set[str] = set()  # who proposed this round (only they advance with its k)
+        self._limits: list[int] = []  # this round's proposals per row, as the engine will cap them
+
+    @property
+    def model(self) -> object | None:
+        """The draft model among them, if any (the engine measures its costs)."""
+        return next((p.model for p in self.proposers.values() if hasattr(p, "model")), None)
+
+    @property
+    def cache(self) -> object | None:
+        """The draft model's cache among them, if any (the engine's K/V budget counts it)."""
+        return next((p.cache for p in self.proposers.values() if hasattr(p, "cache")), None)
+
+    # --- slots: every proposer keeps its own state in step ----------------------------------------------
+    def reserve(self, slots: int, capacity: int) -> None:
+        for proposer in self.proposers.values():
+            proposer.reserve(slots, capacity)
+
+    def admit(self, start: int, rows: list[Row], input_ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        for proposer in self.proposers.values():
+            proposer.admit(start, rows, input_ids, lengths)
+
+    def move(self, source: int, target: int, columns: int) -> None:
+        for proposer in self.proposers.values():
+            proposer.move(source, target, columns)
+
+    def release(self) -> None:
+        for proposer in self.proposers.values():
+            proposer.release()
+
+    # --- the choice --------------------------------------------------------------------------------------
+    def job_alpha(self, name: str) -> float:
+        _, _, accepted, rejections = self.totals[name]
+        return (accepted + PRIOR_WEIGHT * PRIOR_ALPHA) / (accepted + rejections + PRIOR_WEIGHT)
+
+    def row_alpha(self, row: Row, name: str) -> float:
+        accepted, refused = row.evidence.get(name, (0.0, 0.0))
+        return (accepted + ROW_PRIOR * self.job_alpha(name)) / (accepted + refused + ROW_PRIOR)
+
+    def available(self, rows: list[Row], k: int) -> list[int]:
+        """Choose each row's proposer (``Row.proposer``; None: no drafts) and say how many tokens it has."""
+        offers = {name: proposer.available(rows, k) for name, proposer in self.proposers.items()}
+        counts = []
+        for r, row in enumerate(rows):
+            best, best_gain, best_n = None, MIN_EXPECTED, 0
+            for name in self.proposers:
+                n = offers[name][r]
+                gain = expected_accepted(self.row_alpha(row, name), n) if n else 0.0
+                if gain > best_gain:
+                    best, best_gain, best_n = name, gain, n
+            offering = [name for name in self.proposers if offers[name][r]]
+            if offering and row.stats.rounds % EXPLORE_EVERY == 0:
+                best = min(offering, key=lambda name: row.stats.by_proposer.get(name, [0])[0])
+                best_n = offers[best][r]
+            row.proposer = best
+            counts.append(best_n)
+        return counts
+
+    def propose(self, view: BatchView, k: int) -> Proposal:
+        rows = view.rows
+        b = len(rows)
+        chosen = {row.proposer for row in rows if row.proposer is not None}
+        self._ran = chosen
+        tokens = view.pending.new_zeros(b, k)
+        counts = [0] * b
+        proposals = {name: self.proposers[name].propose(view, k) for name in chosen}
+        for name, proposal in proposals.items():
+            mine = [r for r, row in enumerate(rows) if row.proposer == name]
+            index = torch.tensor(mine, device=tokens.device)
+            tokens[index] = proposal.tokens[index]
+            for r in mine:
+                counts[r] = proposal.counts[r]
+        probs = None
+        sampled = [proposal.probs for proposal in proposals.values() if proposal.probs is not None]
+        if sampled:  # one sampled proposer among them: the others' q is one-hot at their tokens
+            probs = torch.nn.functional.one_hot(tokens, sampled[0].shape[-1]).to(sampled[0].dtype)
+            for name, proposal in proposals.items():
+                if proposal.probs is not None:
+                    mine = [r for r, row in enumerate(rows) if row.proposer == name]
+                    index = torch.tensor(mine, device=tokens.device)
+                    probs[index] = proposal.probs[index]
+        self._limits = [
+            min(
+                k, n, row.remaining - 1, row.request.draft_limit if row.request.draft_limit is not None else k
+            )
+            for n, row in zip(counts, rows, strict=True)
+        ]
+        return Proposal(tokens=tokens, counts=counts, probs=probs)
+
+    def advance(self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int) -> None:
+        """Each proposer advances with the round's k if it proposed, else with 0 (it drafted nothing);
+        the chosen proposer's tallies, the row's and the job's, count what the row accepted."""
+        for name, proposer in self.proposers.items():
+            proposer.advance(rows, old_lengths, accepted, k if name in self._ran else 0)
+        if k and self._ran:
+            for row, a, limit in zip(rows, accepted, self._limits, strict=True):
+                if row.proposer is None or limit == 0:
+                    continue
+                refused = 1 if a < limit else 0
+                evidence = row.evidence.setdefault(row.proposer, [0.0, 0.0])
+                evidence[0] = evidence[0] * DECAY + a
+                evidence[1] = evidence[1] * DECAY + refused
+                for tally in (
+                    row.stats.by_proposer.setdefault(row.proposer, [0, 0, 0, 0]),
+                    self.totals[row.proposer],
+                ):
+                    tally[0] += 1
+                    tally[1] += limit
+                    tally[2] += a
+                    tally[3] += refused
+        self._ran, self._limits = set(), []

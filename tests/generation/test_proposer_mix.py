@@ -1,0 +1,146 @@
+"""Mode auto's per-row choice among proposers (``generation.proposer_mix``): lossless greedy rows with
+mixed proposers in one batch, the target's distribution kept for sampled rows drafting from different
+proposers in one batch, and a row whose proposer stops paying moving to another, or to no drafts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from genjob.generation.draft_model import DraftModel
+from genjob.generation.engine import Engine
+from genjob.generation.loading import load_model, load_tokenizer
+from genjob.generation.proposer_mix import ProposerMix
+from genjob.generation.proposers import BatchView, PromptLookup, Proposal
+from genjob.generation.requests import Request, Row, RowStats
+from genjob.generation.sampling import RowSampling
+from tests.generation.test_sampling import (  # noqa: F401 (peaked_pair: a fixture)
+    CHI2_999,
+    chi_square,
+    peaked_pair,
+    second_token_distribution,
+)
+from tests.support.engine import Reference, flat_costs, request
+
+
+class Fixed:
+    """A proposer that always offers ``tokens`` (to the rows ``offered_to`` accepts), never sampled."""
+
+    def __init__(self, name: str, tokens: list[int], offered_to=lambda row: True) -> None:
+        self.name, self.tokens, self.offered_to = name, tokens, offered_to
+
+    def reserve(self, slots: int, capacity: int) -> None: ...
+    def admit(self, start, rows, input_ids, lengths) -> None: ...
+    def move(self, source: int, target: int, columns: int) -> None: ...
+    def release(self) -> None: ...
+    def advance(self, rows, old_lengths, accepted, k) -> None: ...
+
+    def available(self, rows: list[Row], k: int) -> list[int]:
+        return [min(k, len(self.tokens)) if self.offered_to(row) else 0 for row in rows]
+
+    def propose(self, view: BatchView, k: int) -> Proposal:
+        counts = self.available(view.rows, k)
+        guess = (self.tokens + [0] * k)[:k]
+        return Proposal(tokens=torch.tensor([guess] * len(view.rows)), counts=counts, probs=None)
+
+
+class OnlyFor(DraftModel):
+    """The draft model, offered only to the rows ``offered_to`` accepts."""
+
+    def __init__(self, model, offered_to) -> None:
+        super().__init__(model)
+        self.offered_to = offered_to
+
+    def available(self, rows: list[Row], k: int) -> list[int]:
+        return [k if self.offered_to(row) else 0 for row in rows]
+
+
+def row(key: int) -> Row:
+    return Row(request=Request(key=key, input_ids=[1, 2, 3], max_new_tokens=50), stats=RowStats(rounds=1))
+
+
+def one_round(mix: ProposerMix, rows: list[Row], k: int, accepted: list[int]) -> None:
+    """What the engine does with a proposer in a round that drafts k tokens."""
+    mix.available(rows, k)
+    b = len(rows)
+    sampling = RowSampling(
+        temperature=torch.zeros(b), top_p=torch.ones(b), seeds=torch.zeros(b, dtype=torch.long),
+        all_greedy=True, any_greedy=True, any_top_p=False,
+    )  # fmt: skip
+    view = BatchView(rows, torch.zeros(b, dtype=torch.long), sampling, torch.zeros(b, dtype=torch.long))
+    mix.propose(view, k)
+    mix.advance(rows, [3] * b, accepted, k)
+    for one in rows:
+        one.stats.rounds += 1
+
+
+def test_a_row_whose_proposer_stops_paying_moves_to_another_then_to_none() -> None:
+    mix = ProposerMix([Fixed("a", [5, 6, 7, 8]), Fixed("b", [5, 6])])
+    rows = [row(0)]
+    one_round(mix, rows, 4, [4])  # "a" pays
+    assert rows[0].proposer == "a"
+    switched = None
+    for n in range(1, 6):  # then "a" is refused every round
+        one_round(mix, rows, 4, [0])
+        if mix.available(rows, 4) and rows[0].proposer == "b":
+            switched = n
+            break
+    assert switched is not None and switched <= 4, "moved to the other proposer within a few rounds"
+    for _ in range(6):  # "b" is refused too
+        one_round(mix, rows, 4, [0])
+    mix.available(rows, 4)
+    assert rows[0].proposer is None  # no drafts for this row: its k is 0
+    tallies = rows[0].stats.by_proposer
+    assert tallies["a"][0] >= 2 and tallies["a"][2] == 4 and tallies["b"][2] == 0
+    assert mix.totals["a"][2] == 4
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair: tuple[Path, Path]):
+    target = load_model(str(tiny_pair[0]))  # its draft: another small model, often wrong
+    return target, load_model(str(tiny_pair[1])), load_tokenizer(str(tiny_pair[0]))
+
+
+@pytest.mark.parametrize("batch_size", [1, 8, 32])
+def test_greedy_rows_drafting_from_different_proposers_equal_plain_greedy(models, batch_size: int) -> None:
+    target, draft, tokenizer = models
+    texts = [f"def f{i}(x):\n    return x + {i}\n\ndef g{i}(x):\n    return" for i in range(12)]
+    texts += [f"import os\nimport sys\nprint({i})\n" * 2 for i in range(12)]
+    requests = [request(i, tokenizer(t)["input_ids"], 24) for i, t in enumerate(texts)]
+    mix = ProposerMix([PromptLookup(), DraftModel(draft)])
+    engine = Engine(target, mix, max_rows=batch_size, k_max=4, costs=flat_costs(4))
+    results = {done.key: done for done in engine.generate(requests)}
+    oracle = Reference(target)
+    for one in requests:
+        assert results[one.key].token_ids == oracle(one.input_ids, one.max_new_tokens, None), one.key
+    used = Counter(name for done in results.values() for name in done.stats.by_proposer)
+    assert used["draft"] > 0, used
+    if batch_size < 32:  # rows of one batch drafted from either
+        assert used["prompt-lookup"] > 0, used
+
+
+def test_second_tokens_follow_the_target_with_mixed_proposers(peaked_pair) -> None:  # noqa: F811
+    """Even rows draft a fixed guess (q one-hot), odd rows from a sampled draft model, in the same
+    batches: the second token of every row still follows the target's exact marginal."""
+    target, draft, tokenizer = peaked_pair
+    ids = tokenizer("def foo(x):")["input_ids"]
+    p_target = second_token_distribution(target, ids, 1.0)
+    top = p_target.topk(5).indices.tolist()
+    even = lambda row: row.request.key % 2 == 0  # noqa: E731
+    guess = Fixed("fixed", [top[0], top[1]], offered_to=even)
+    mix = ProposerMix([guess, OnlyFor(draft, lambda row: not even(row))])
+    engine = Engine(target, mix, max_rows=64, k_max=2, fixed_k=2, costs=flat_costs(2))
+    samples = 3000
+    rows = [Request(key=s, input_ids=ids, max_new_tokens=3, temperature=1.0, seed=s) for s in range(samples)]
+    done = list(engine.generate(rows))
+    assert {name for d in done for name in d.stats.by_proposer} == {"fixed", "draft"}
+    counts = Counter(d.token_ids[1] for d in done)
+    observed = torch.tensor(
+        [counts[t] for t in top] + [samples - sum(counts[t] for t in top)], dtype=torch.double
+    )
+    expected = torch.cat([p_target[top], (1 - p_target[top].sum()).reshape(1)]).double()
+    assert engine.stats.accepted > 0 and engine.stats.rejections > 0
+    assert chi_square(observed, expected) < CHI2_999[len(top) - 1 if len(top) > 4 else 4]
