@@ -1,17 +1,17 @@
 """Mode auto: every proposer the job can have, and each row, each round, drafts from the one that pays it.
 
-``ProposerMix`` is itself a ``Proposer``, so the engine is unchanged: it forwards the slot operations to
-every proposer it holds (a draft model keeps its cache in step) and, in ``available``, picks for each
-row the proposer with the most expected accepted tokens this round: Σ_{i≤n} α^i for the n tokens that
-proposer has for the row and its acceptance α on this row (its recent accepted / (accepted + refused)
-for that proposer, each round's evidence fading by ``DECAY``, pulled towards the proposer's job-wide
-rate by ``ROW_PRIOR`` pseudo-observations;
-a proposer no row has tried starts at ``PRIOR_ALPHA``). A row where no proposer expects ``MIN_EXPECTED``
-accepted tokens gets none (its k is 0 while the others draft). Every ``EXPLORE_EVERY``-th round a row
-drafts from the offering proposer it has tried least, so no proposer's estimate goes stale. Rows of one batch may so draft from
-different proposers, verified in one target pass: ``propose`` runs each chosen proposer once over the
-batch and takes each row's tokens from its own (with a sampled proposer among them, the other rows'
-q is one-hot at their tokens, exactly what "not sampled" means to the acceptance rule).
+``ProposerMix`` is itself a ``Proposer``, so the engine is unchanged: it forwards the slot operations
+to every proposer it holds (a draft model keeps its cache in step) and, in ``available``, picks for
+each row the proposer with the most expected accepted tokens this round: Σ_{i≤n} α^i for the n tokens
+that proposer has for the row and its acceptance α on this row (its recent accepted / (accepted +
+refused) for that proposer, each round's evidence fading by ``DECAY``, pulled towards the proposer's
+job-wide rate by ``ROW_PRIOR`` pseudo-observations; a proposer no row has tried starts at
+``PRIOR_ALPHA``). A row where no proposer expects ``MIN_EXPECTED`` accepted tokens gets none (its k
+is 0 while the others draft). Every ``EXPLORE_EVERY``-th round a row drafts from the offering
+proposer it has tried least, so no proposer's estimate goes stale. Rows of one batch may so draft
+from different proposers, verified in one target pass: ``propose`` runs each chosen proposer once
+over the batch and takes each row's tokens from its own (with a sampled proposer among them, the
+other rows' q is one-hot at their tokens, exactly what "not sampled" means to the acceptance rule).
 
 What each row drafted from is counted in its ``RowStats.by_proposer`` (rounds chosen, proposed,
 accepted, rejections), and the job-wide tallies in ``totals``. Must not know: the database, Celery,
