@@ -37,6 +37,11 @@ class JobStatsOut(BaseModel):
     cost_ratio: float | None = Field(description="c: draft step / target step at the mean batch size.")
     costs: dict[str, Any] | None = Field(description="Forward costs measured on a worker (ms).")
     expected_speedup: float | None
+    proposers: dict[str, dict[str, int]] | None = Field(
+        default=None,
+        description="Mode auto, per proposer: rounds it drafted for a row, tokens proposed, accepted, "
+        "rejections.",
+    )
     measured_speedup: float | None = Field(
         description="Tokens/s ÷ plain tokens/s at the same batch size on the same workers (probe rounds)."
     )

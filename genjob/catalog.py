@@ -190,7 +190,7 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
     """The JobSpec of these options, with the defaults the CLI and the API share.
 
     The draft is ``assistant`` if given (an allow-list name or, with ``allow_paths``, a path), else
-    the model's allow-listed draft unless ``mode`` asks for another decoding. ``mode`` defaults to
+    the model's allow-listed draft unless ``mode`` asks for a decoding without one. ``mode`` defaults to
     ``draft`` when there is a draft, ``none`` otherwise; ``max_new_tokens`` to GENJOB_MAX_NEW_TOKENS.
     """
     entry = resolve_model(settings, options.model, allow_paths=allow_paths)
@@ -199,7 +199,7 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
         assistant = resolve_model(
             settings, options.assistant, allow_paths=allow_paths, field="assistant"
         ).target
-    elif options.mode in (None, DecodingMode.DRAFT):
+    elif options.mode in (None, DecodingMode.DRAFT, DecodingMode.AUTO):
         assistant = entry.draft
     mode = options.mode or (DecodingMode.DRAFT if assistant else DecodingMode.NONE)
     max_new_tokens = options.max_new_tokens

@@ -54,11 +54,14 @@ BROKER_MARK_KEY = "genjob:broker-mark"
 
 
 class DecodingMode(StrEnum):
-    """How the worker decodes: with a draft model, with n-gram prompt lookup, or plainly."""
+    """How the worker decodes: with a draft model, with n-gram prompt lookup, plainly, or ``auto``:
+    each row, each round, from whichever of the job's proposers pays it (prompt lookup, the job's
+    suffix cache of its earlier outputs, and the draft model when the job has one)."""
 
     DRAFT = "draft"
     PROMPT_LOOKUP = "prompt-lookup"
     NONE = "none"
+    AUTO = "auto"
 
 
 class DraftSchedule(StrEnum):

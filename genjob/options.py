@@ -90,8 +90,9 @@ class JobOptions(DecodingOptions):
     )
     mode: DecodingMode | None = Field(
         default=None,
-        description="draft (the default when there is a draft model), prompt-lookup, or none (plain "
-        "decoding).",
+        description="draft (the default when there is a draft model), prompt-lookup, none (plain "
+        "decoding), or auto (per row, per round, the proposer that pays: prompt lookup, the job's own "
+        "earlier outputs, and the draft model when there is one).",
     )
     # No range here: its bounds are Settings (1..GENJOB_MAX_NEW_TOKENS_LIMIT), checked by the catalog.
     max_new_tokens: int | None = Field(
@@ -116,7 +117,10 @@ class JobSpec(DecodingOptions):
 
     model: str = Field(min_length=1, max_length=MODEL_NAME_CHARS, description="Target: hub id or path.")
     assistant: str | None = Field(
-        default=None, min_length=1, max_length=MODEL_NAME_CHARS, description="Draft model for mode 'draft'."
+        default=None,
+        min_length=1,
+        max_length=MODEL_NAME_CHARS,
+        description="Draft model (mode 'draft'; mode 'auto' may have one).",
     )
     mode: DecodingMode = DecodingMode.DRAFT
     max_new_tokens: int = Field(default=128, ge=1)
@@ -129,7 +133,7 @@ class JobSpec(DecodingOptions):
     def _assistant_matches_mode(self) -> Self:
         if self.mode is DecodingMode.DRAFT and not self.assistant:
             raise ValueError("mode 'draft' needs an assistant (draft) model")
-        if self.mode is not DecodingMode.DRAFT and self.assistant:
+        if self.mode not in (DecodingMode.DRAFT, DecodingMode.AUTO) and self.assistant:
             raise ValueError(f"mode '{self.mode}' takes no assistant model")
         return self
 

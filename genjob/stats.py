@@ -13,6 +13,8 @@
   or → now while it runs), what the job delivered, as the ``job_stats`` view has it; decoding
   (``tokens_per_second``) = new tokens / the items' generate seconds (each item's share of its
   batch's time), the models' pace with queueing, model loading and gaps left out;
+- per proposer (mode auto): the rounds each proposer drafted for a row, the tokens it proposed, those
+  accepted and its rejections, so its own acceptance is accepted / proposed;
 - expected speedup: computed by the worker from α, the rounds at each draft length k and the costs it
   measured at the job's mean batch size (``genjob.generation.costs.expected_speedup``), stored.
 Must not know: the database session, torch, Celery.
@@ -43,6 +45,7 @@ class JobStats:
     measured_speedup_high: float | None
     expected_speedup: float | None
     lossless_rate: float | None
+    proposers: dict[str, dict[str, int]] | None = None  # mode auto: per proposer, its counts
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -98,4 +101,16 @@ def job_stats(job: Job, now: datetime | None = None) -> JobStats:
         measured_speedup_high=high,
         expected_speedup=job.expected_speedup,
         lossless_rate=_ratio(job.lossless_matches, job.lossless_checked) if greedy else None,
+        proposers=by_proposer(job.proposer_counts),
     )
+
+
+def by_proposer(counts: dict[str, int] | None) -> dict[str, dict[str, int]] | None:
+    """Stored per-proposer counts (flat ``name:field`` keys) as {name: {field: n}}; None if none."""
+    if not counts:
+        return None
+    nested: dict[str, dict[str, int]] = {}
+    for key, value in sorted(counts.items()):
+        name, _, field_name = key.rpartition(":")
+        nested.setdefault(name, {})[field_name] = int(value)
+    return nested

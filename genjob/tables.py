@@ -1,15 +1,15 @@
-"""SQLAlchemy models: jobs, their items (one per input line), results and attempts.
+"""SQLAlchemy models: jobs, their items (one per input line), results and attempts (the API's files,
+batches and idempotency keys: ``genjob.file_tables``, re-exported here).
 
 The schema is owned by Alembic (``migrations/``); nothing calls ``create_all`` outside the
 tests of these models. Users query these tables and the ``job_stats`` view with psql: every column
 carries a comment (psql's ``\\d+ jobs`` shows them), which Alembic writes to the database (``COMMENT ON``).
 """
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
     DateTime,
@@ -17,39 +17,25 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    LargeBinary,
-    MetaData,
     String,
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
+from genjob.file_tables import Batch as Batch  # the API's tables, re-exported
+from genjob.file_tables import File as File
+from genjob.file_tables import FileChunk as FileChunk
+from genjob.file_tables import IdempotencyKey as IdempotencyKey
+from genjob.table_base import LOCAL_OWNER as LOCAL_OWNER
+from genjob.table_base import Base as Base
+from genjob.table_base import BigId, Json
+from genjob.table_base import utcnow as utcnow
 
-# SQLite only auto-increments INTEGER PRIMARY KEY, not BIGINT.
-BigId = BigInteger().with_variant(Integer, "sqlite")
-# jsonb on Postgres (indexable, comparable); JSON text on SQLite.
-Json = JSON().with_variant(JSONB(), "postgresql")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-
-# Who owns jobs submitted straight to the database by the CLI (API keys' owners are ``key-…``).
-LOCAL_OWNER = "local"
+PROPOSER_COUNTS = (
+    "Mode auto, per proposer: rounds it drafted for a row, tokens it proposed, accepted, rejections "
+    "({'draft:rounds': n, 'draft:proposed': n, …})."
+)
 
 
 class Job(Base):
@@ -118,6 +104,7 @@ class Job(Base):
     drafts_hist: Mapped[dict[str, int] | None] = mapped_column(
         Json, comment="Row-rounds by the drafts the row had (m ≤ k)."
     )
+    proposer_counts: Mapped[dict[str, int] | None] = mapped_column(Json, comment=PROPOSER_COUNTS)
     costs: Mapped[dict[str, Any] | None] = mapped_column(
         Json, comment="Forward costs measured on a worker (ms)."
     )
@@ -262,6 +249,7 @@ class Result(Base):
         Boolean, comment="Sampled greedy items: output == the same item decoded without drafts."
     )
     worker: Mapped[str | None] = mapped_column(String(200), comment="Worker that produced it.")
+    proposer_counts: Mapped[dict[str, int] | None] = mapped_column(Json, comment=PROPOSER_COUNTS)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, comment="When it was written."
     )
@@ -296,105 +284,3 @@ class Attempt(Base):
         String(16), comment="done, failed, retried, lost, superseded, released or stopped."
     )
     error: Mapped[str | None] = mapped_column(Text, comment="Its error.")
-
-
-class IdempotencyKey(Base):
-    """A client's Idempotency-Key, remembered with what it created: a retry gets the same job or batch."""
-
-    __tablename__ = "idempotency_keys"
-    __table_args__ = ({"comment": "Idempotency keys of submits and batch creations, per owner."},)
-
-    owner: Mapped[str] = mapped_column(String(100), primary_key=True, comment="The key's owner (API key).")
-    scope: Mapped[str] = mapped_column(String(16), primary_key=True, comment="jobs or batches.")
-    key: Mapped[str] = mapped_column(String(255), primary_key=True, comment="The Idempotency-Key given.")
-    fingerprint: Mapped[str] = mapped_column(
-        String(64), comment="sha256 of the request's content: the same key with other content is refused."
-    )
-    job_id: Mapped[str | None] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), comment="The job it created."
-    )
-    batch_id: Mapped[str | None] = mapped_column(
-        ForeignKey("batches.id", ondelete="CASCADE"), comment="The batch it created."
-    )
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), default=utcnow, comment="When it was first used."
-    )
-
-
-class File(Base):
-    """An uploaded file (OpenAI Files API) or a batch's output or error file; content in ``file_chunks``."""
-
-    __tablename__ = "files"
-    __table_args__ = (
-        Index("ix_files_owner_created_at", "owner", "created_at"),
-        UniqueConstraint("job_id", "filename"),
-        {"comment": "Files of the OpenAI-compatible API: uploads and batch outputs."},
-    )
-
-    id: Mapped[str] = mapped_column(String(40), primary_key=True, comment="File id (file-…).")
-    owner: Mapped[str] = mapped_column(String(100), comment="The API key's owner id that owns it.")
-    purpose: Mapped[str] = mapped_column(
-        String(32), comment="batch (uploads) or batch_output (a batch's output and error files)."
-    )
-    filename: Mapped[str] = mapped_column(String(255), comment="The name given at upload.")
-    bytes: Mapped[int] = mapped_column(BigInteger, comment="Size of the content in bytes.")
-    sha256: Mapped[str] = mapped_column(String(64), comment="sha256 of the content.")
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), default=utcnow, comment="When it was stored."
-    )
-    job_id: Mapped[str | None] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), comment="For a batch's output: its job."
-    )
-    deleted_at: Mapped[datetime | None] = mapped_column(
-        DateTime(timezone=True),
-        comment="When a batch's output or error file was deleted: the row stays, without content, so "
-        "the file is never written again and its batch still names it.",
-    )
-
-
-class FileChunk(Base):
-    """A file's content in blocks of at most 1 MiB, streamed in and out (flat memory for any size)."""
-
-    __tablename__ = "file_chunks"
-    __table_args__ = ({"comment": "The content of files, block by block."},)
-
-    file_id: Mapped[str] = mapped_column(
-        ForeignKey("files.id", ondelete="CASCADE"), primary_key=True, comment="Its file."
-    )
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, comment="Block number, from 0.")
-    data: Mapped[bytes] = mapped_column(LargeBinary, comment="The block's bytes.")
-
-
-class Batch(Base):
-    """An OpenAI batch: a job (``job_id``) plus what the Batches API shows. A batch whose input failed
-    validation has no job, its ``errors`` name the lines."""
-
-    __tablename__ = "batches"
-    __table_args__ = (
-        Index("ix_batches_owner_created_at", "owner", "created_at"),
-        {"comment": "Batches of the OpenAI-compatible API, each a genjob job."},
-    )
-
-    id: Mapped[str] = mapped_column(String(40), primary_key=True, comment="Batch id (batch_…).")
-    owner: Mapped[str] = mapped_column(String(100), comment="The API key's owner id that owns it.")
-    job_id: Mapped[str | None] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), comment="Its job; null when validation failed."
-    )
-    input_file_id: Mapped[str] = mapped_column(String(40), comment="The uploaded requests (file-…).")
-    endpoint: Mapped[str] = mapped_column(String(32), comment="/v1/completions or /v1/chat/completions.")
-    completion_window: Mapped[str] = mapped_column(String(16), comment="Time allowed, e.g. 24h.")
-    batch_metadata: Mapped[dict[str, str] | None] = mapped_column(
-        "metadata", Json, comment="The client's metadata (up to 16 pairs)."
-    )
-    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(
-        Json, comment="Validation errors (code, message, line, param)."
-    )
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), default=utcnow, comment="When it was created."
-    )
-    expires_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), comment="created_at + completion_window: then it ends expired."
-    )
-    failed_at: Mapped[datetime | None] = mapped_column(
-        DateTime(timezone=True), comment="When its validation failed."
-    )

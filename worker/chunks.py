@@ -47,7 +47,12 @@ class WorkerFault(RuntimeError):
 
 
 def measurements(
-    stats: EngineStats, *, busy_seconds: float, draft_tokens: int | None, setup_extra_s: float = 0.0
+    stats: EngineStats,
+    *,
+    busy_seconds: float,
+    draft_tokens: int | None,
+    setup_extra_s: float = 0.0,
+    proposer_counts: dict[str, int] | None = None,
 ) -> store.ChunkMeasurements:
     """A chunk's sums for the job. ``setup_extra_s`` (measuring costs for speculation beyond what plain
     decoding measures) counts as decoding time: plain decoding would not have spent it."""
@@ -65,6 +70,7 @@ def measurements(
         gamma_hist=dict(stats.gamma_hist),
         drafts_hist=dict(stats.drafts_hist),
         draft_tokens=draft_tokens,
+        proposer_counts=dict(proposer_counts or {}),
     )
 
 
@@ -92,7 +98,7 @@ def _derive(job: Any, *, runner: JobRunner) -> dict[str, Any] | None:
     }
 
 
-def _measured(runner: JobRunner, started: float) -> store.ChunkMeasurements | None:
+def _measured(runner: JobRunner, started: float, loop: ItemLoop) -> store.ChunkMeasurements | None:
     engine = getattr(runner, "engine", None)
     if engine is None:
         return None
@@ -101,6 +107,7 @@ def _measured(runner: JobRunner, started: float) -> store.ChunkMeasurements | No
         busy_seconds=time.perf_counter() - started,
         draft_tokens=engine.k if engine.proposer is not None else None,
         setup_extra_s=runner.take_setup_extra() if isinstance(runner, JobRunner) else 0.0,
+        proposer_counts=dict(loop.proposer_counts),
     )
 
 
@@ -171,7 +178,7 @@ def process_chunk(
                 loop.run(mine, keep_last=chunks.keeps_last_group)  # the last group goes with the close
                 if isinstance(runner, JobRunner):
                     runner.keep_costs()  # what its rounds learnt, for the processes that follow
-                measured = _measured(runner, started)
+                measured = _measured(runner, started, loop)
                 renewal.stop()  # none after the close, which may end leases (a graceful stop)
                 last, loop.finished = loop.finished, []
                 try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from genjob import store
@@ -63,6 +63,7 @@ class ItemLoop:
     finished: Rows = field(default_factory=list)  # to write
     failed: list[tuple[ClaimedItem, str]] = field(default_factory=list)  # to write
     claimed: set[int] = field(default_factory=set)  # every item this chunk claimed
+    proposer_counts: Counter[str] = field(default_factory=Counter)  # mode auto: the chunk's, summed
     written_at: float = field(default_factory=time.monotonic)
     stop_seen: float | None = None
 
@@ -270,6 +271,8 @@ class ItemLoop:
                 twin.token_ids if twin else None,
             )
         row = result_row(self.runner, done, self.context.worker, lossless, item.stop)
+        self.proposer_counts.update(row.get("proposer_counts") or {})
+        self.runner.learn(done)  # its output joins what the job's later rows may draft from
         self.finished.append((item, row))
 
     def _lose_batch(self, exc: Exception) -> None:

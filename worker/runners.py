@@ -32,9 +32,11 @@ from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
 from genjob.generation.loading import check_same_vocabulary, eos_ids, load_model, load_tokenizer
+from genjob.generation.proposer_mix import ProposerMix
 from genjob.generation.proposers import PromptLookup, Proposer
 from genjob.generation.requests import Finished, Request
 from genjob.generation.stopping import cut_at_stop, stop_check
+from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
 from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
@@ -73,7 +75,10 @@ def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int
 
 
 def _draft_length(spec: JobSpec) -> int:
-    return spec.prompt_lookup_tokens if spec.mode is DecodingMode.PROMPT_LOOKUP else spec.draft_tokens
+    """γmax: the draft's tokens with a draft model, else prompt lookup's (mode auto without a draft too)."""
+    if spec.mode is DecodingMode.PROMPT_LOOKUP or (spec.mode is DecodingMode.AUTO and not spec.assistant):
+        return spec.prompt_lookup_tokens
+    return spec.draft_tokens
 
 
 def _suggested(model: str, settings: Settings) -> int:
@@ -132,13 +137,17 @@ class JobRunner:
         target = load_model(spec.model, device, dtype, cache_dir=models)
         proposer: Proposer | None = None
         draft = None
-        if spec.mode is DecodingMode.DRAFT:
-            assert spec.assistant is not None
+        if spec.mode in (DecodingMode.DRAFT, DecodingMode.AUTO) and spec.assistant is not None:
             check_same_vocabulary(spec.model, spec.assistant, cache_dir=models)
             draft = spec.assistant
             proposer = DraftModel(load_model(draft, device, dtype, cache_dir=models))
-        elif spec.mode is DecodingMode.PROMPT_LOOKUP:
+        if spec.mode is DecodingMode.PROMPT_LOOKUP:
             proposer = PromptLookup(max_ngram=3)
+        elif spec.mode is DecodingMode.AUTO:  # the cheapest first: it wins a tie
+            job_outputs = SuffixLookup(SuffixCache(), max_ngram=3)
+            proposer = ProposerMix(
+                [PromptLookup(max_ngram=3), job_outputs, *([proposer] if proposer else [])]
+            )
         gamma = _draft_length(spec)
         k_max = gamma if proposer is not None else 0
         batch = batch_size_for(spec, settings) or _suggested(spec.model, settings)
@@ -193,6 +202,13 @@ class JobRunner:
             stop=stop_check(self.tokenizer, item.stop) if item.stop else None,
             draft_limit=0 if plain else None,
         )
+
+    def learn(self, done: Finished) -> None:
+        """A row finished: its output joins the job's suffix cache (mode auto), for the rows after it."""
+        proposers = getattr(self.engine.proposer, "proposers", {})
+        for proposer in proposers.values():
+            if isinstance(proposer, SuffixLookup):
+                proposer.add_output(done.token_ids)
 
     def is_lossless_sample(self, seq: int) -> bool:
         """Greedy speculative jobs decode every 1/F-th item (the first always) again without drafts."""
@@ -253,4 +269,17 @@ def result_row(
         "latency_s": stats.latency_s,
         "lossless_match": lossless,
         "worker": worker,
+        "proposer_counts": proposer_counts(stats.by_proposer) or None,
+    }
+
+
+PROPOSER_FIELDS = ("rounds", "proposed", "accepted", "rejections")  # RowStats.by_proposer's order
+
+
+def proposer_counts(by_proposer: dict[str, list[int]]) -> dict[str, int]:
+    """Per-proposer tallies as stored (``tables.PROPOSER_COUNTS``): flat ``name:field`` keys."""
+    return {
+        f"{name}:{field}": value
+        for name, tally in by_proposer.items()
+        for field, value in zip(PROPOSER_FIELDS, tally, strict=True)
     }

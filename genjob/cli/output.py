@@ -112,6 +112,19 @@ def _elapsed(stats: JobStats) -> str:
     return "-" if stats.elapsed_seconds is None else f"{stats.elapsed_seconds:.1f} s"
 
 
+def _proposers(stats: JobStats) -> list[str]:
+    """Mode auto: a line per proposer (what it drafted for the job's rows, and how much was kept)."""
+    lines = []
+    for name, counts in (stats.proposers or {}).items():
+        proposed, accepted = counts.get("proposed", 0), counts.get("accepted", 0)
+        share = f"{accepted / proposed:.1%}" if proposed else "-"
+        lines.append(
+            f"  {name + ':':<22}{counts.get('rounds', 0)} row-rounds, {proposed} proposed, "
+            f"{accepted} accepted ({share}), {counts.get('rejections', 0)} rejections"
+        )
+    return ["by proposer:", *lines] if lines else []
+
+
 def job_stats_lines(job: Job) -> list[str]:
     stats = job_stats(job)
     return [
@@ -137,6 +150,7 @@ def job_stats_lines(job: Job) -> list[str]:
         f"measured speedup:        {_measured(job, stats)}",
         f"lossless rate:           {fmt_float(stats.lossless_rate, '{:.1%}')}"
         + (f"  ({job.lossless_matches}/{job.lossless_checked} items)" if job.lossless_checked else ""),
+        *_proposers(stats),
     ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -25,13 +25,13 @@ from genjob.constants import (
 )
 from genjob.db import changed_rows
 from genjob.echo import echoed
-from genjob.options import JobSpec
 from genjob.store.item_rows import insert_items
 from genjob.store.leases import as_utc
 from genjob.tables import LOCAL_OWNER, Item, Job, Result, utcnow
 
 if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
     from genjob.formats.lines import PromptItem
+    from genjob.options import JobSpec  # pydantic's models, built at import: not for reading a job
 
 
 class JobNotFound(LookupError):
@@ -296,9 +296,16 @@ class ChunkMeasurements:
     gamma_hist: dict[int, int]
     draft_tokens: int | None  # the draft length the engine ended the chunk with
     drafts_hist: dict[int, int] = field(default_factory=dict)  # row-rounds by the drafts the row had
+    proposer_counts: dict[str, int] = field(default_factory=dict)  # mode auto: ``name:field`` -> count
 
 
-def merged(hist: dict[str, int] | None, more: dict[int, int]) -> dict[str, int]:
+HISTOGRAMS = ("gamma_hist", "drafts_hist", "proposer_counts")  # merged key by key (``merged``)
+SUMS = tuple(  # the job's columns a chunk's measurements add to
+    f.name for f in fields(ChunkMeasurements) if f.name not in (*HISTOGRAMS, "draft_tokens")
+)
+
+
+def merged(hist: dict[str, int] | None, more: dict[int, int] | dict[str, int]) -> dict[str, int]:
     """A stored histogram (JSON: string keys) plus a chunk's, key by key."""
     total = dict(hist or {})
     for key, n in more.items():
@@ -312,21 +319,10 @@ def record_chunk(session: Session, *, job_id: str, measured: ChunkMeasurements) 
     job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
     if job is None:
         return None
-    for name in (
-        "busy_seconds",
-        "decode_rounds",
-        "decode_rows",
-        "decode_tokens",
-        "decode_seconds",
-        "probe_rounds",
-        "probe_tokens",
-        "probe_seconds",
-        "probe_sq",
-        "prefill_seconds",
-    ):
+    for name in SUMS:
         setattr(job, name, getattr(job, name) + getattr(measured, name))
-    job.gamma_hist = merged(job.gamma_hist, measured.gamma_hist)
-    job.drafts_hist = merged(job.drafts_hist, measured.drafts_hist)
+    for name in HISTOGRAMS:
+        setattr(job, name, merged(getattr(job, name), getattr(measured, name)))
     if measured.draft_tokens is not None:
         job.draft_tokens = measured.draft_tokens
     session.flush()

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text, update
 
 from genjob.constants import TERMINAL_JOB_STATUSES
-from genjob.store.jobs import ChunkMeasurements
+from genjob.store.jobs import HISTOGRAMS, SUMS, ChunkMeasurements
 from genjob.store.leases import gave_up_error, ids_in_range, lease_is_free
 from genjob.store.postgres_groups import COUNTED, ENDED, FINISHED_CTES, finished_params
 from genjob.tables import Item, Job, utcnow
@@ -116,12 +116,6 @@ def open_chunk(
     if row is None:
         return None
     return OpenedOnPostgres(row.status, bool(row.due), row.spec, row.queue, list(row.reserved))
-
-
-HISTOGRAMS = ("gamma_hist", "drafts_hist")  # merged key by key, as ``jobs.merged`` does
-SUMS = tuple(  # the columns a chunk's measurements add to
-    name for name in ChunkMeasurements.__dataclass_fields__ if name not in (*HISTOGRAMS, "draft_tokens")
-)
 
 
 def _merged(column: str) -> str:

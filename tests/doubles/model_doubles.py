@@ -147,6 +147,9 @@ class ScriptedRunner:
     def is_lossless_sample(self, seq: int) -> bool:
         return False
 
+    def learn(self, done: Finished) -> None:  # no job cache to fill
+        pass
+
     def text(self, tokens: list[int]) -> str:
         return f"echo: {self.engine.prompts[tokens[0]]}"
 

@@ -87,3 +87,26 @@ def test_prompt_lookup_job(embedded_env: str, tiny_pair, tmp_path: Path) -> None
         job = session.get_one(Job, job_id)
         assert job.status == "completed"
         assert job.lossless_checked == job.lossless_matches == len(PROMPTS)
+
+
+def test_auto_job_counts_what_each_proposer_drafted(embedded_env: str, tiny_pair, tmp_path: Path) -> None:
+    """Mode auto with the job's draft: rows draft from prompt lookup, the job's suffix cache or the
+    draft model; per item and per job the counts add up, `genjob stats` shows them, rows stay lossless."""
+    target, draft = tiny_pair
+    args = ("-m", str(target), "-a", str(draft), "--mode", "auto", "--baseline-fraction", "0.5")
+    job_id = submit(tmp_path, *args, "--batch-size", "3", "--schedule", "constant", "--draft-tokens", "3")
+    with session_scope(embedded_env) as session:
+        job = session.get_one(Job, job_id)
+        assert job.status == "completed" and job.mode == "auto"
+        assert job.lossless_checked == job.lossless_matches == 3  # items 0, 2, 4 decoded plainly too
+        rows = session.scalars(select(Result).where(Result.job_id == job_id)).all()
+        summed: dict[str, int] = {}
+        for row in rows:
+            for key, n in (row.proposer_counts or {}).items():
+                summed[key] = summed.get(key, 0) + n
+        assert summed and job.proposer_counts == summed
+        names = {key.split(":")[0] for key in summed}
+        assert names <= {"prompt-lookup", "suffix", "draft"}
+        assert sum(summed[f"{name}:accepted"] for name in names) == job.draft_accepted
+    lines = CliRunner().invoke(main, ["stats", job_id]).output.splitlines()
+    assert "by proposer:" in lines
