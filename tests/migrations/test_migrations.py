@@ -83,6 +83,7 @@ def test_operator_view_columns_types_and_comments(blank_pg_url: str) -> None:
         "elapsed_seconds",
         "elapsed_tokens_per_second",
         "tokens_per_second",
+        "proposer_counts",  # 0011
     } <= columns
 
 
