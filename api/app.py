@@ -1,11 +1,11 @@
 """The FastAPI app: ``create_app(settings)`` builds it, ``serve`` runs it on Granian (``genjob api``).
 
 One Settings object (on ``app.state``), one engine per database URL (``genjob.db``), typed
-dependencies (``api.deps``). Without API keys the API runs in local-only mode: it listens on
+dependencies (``genjob.api.deps``). Without API keys the API runs in local-only mode: it listens on
 127.0.0.1 only, serves loopback clients only, and says so loudly when it starts. The OpenAPI spec
 (``/openapi.json``) and the docs (``/docs``, the spec inlined) take the same key as every route.
 Granian bounds the time to send request headers and the connections served at once;
-``api.limits`` bounds body reads, ``api.uploads`` the uploads spooled at once.
+``genjob.api.limits`` bounds body reads, ``genjob.api.uploads`` the uploads spooled at once.
 """
 
 from __future__ import annotations

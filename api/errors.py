@@ -4,7 +4,7 @@ On the native routes every error response is ``{"error": {"code": "...", "messag
 [...]}}``: ``code`` is a fixed machine-readable string, ``message`` a sentence for people, and
 ``details`` lists the individual problems, each with the input ``line`` and/or ``field`` it concerns
 where there is one. The OpenAI-compatible routes (``/v1/files``, ``/v1/batches``) answer OpenAI's
-shape instead, ``{"error": {"message", "type", "param", "code"}}`` (``api.openai_errors``), the field
+shape instead, ``{"error": {"message", "type", "param", "code"}}`` (``genjob.api.openai_errors``), the field
 at fault in ``param``.
 """
 

@@ -7,7 +7,7 @@ ASGI middleware gives every read of the body ``GENJOB_API_BODY_TIMEOUT_S`` and a
 the connection) when it runs out. A body sent with a ``Content-Encoding`` (gzip, say) is answered 415
 naming the encoding at its first read: the API reads bodies as they are sent, and a compressed one
 would otherwise be taken for text in another encoding. Sizes are bounded while streaming
-(``api.uploads``).
+(``genjob.api.uploads``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ open items and queue depth per queue), the uploads being received now, and ``gen
 
 Each app has its own registry (``app.state.metrics``), so apps built by tests never clash. Labels are
 bounded: the route's template (``/v1/jobs/{job_id}``, never the id), the method, the status code,
-allow-listed model names. Served at ``GET /metrics`` (``api.routes.metrics``).
+allow-listed model names. Served at ``GET /metrics`` (``genjob.api.routes.metrics``).
 """
 
 from __future__ import annotations

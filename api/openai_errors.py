@@ -6,7 +6,7 @@ fault (``limit``, ``endpoint``, ``input_file_id``…), ``type`` is OpenAI's clas
 (``invalid_request_error``, ``insufficient_quota``, ``server_error``), and ``code`` OpenAI's code for a
 bad parameter (``integer_below_min_value``, ``invalid_value``, ``missing_required_parameter``…) or
 else genjob's stable one (``not_found``, ``batch_ended``…). A bad parameter is 400 there, never 422.
-The native routes keep genjob's own shape (``api.errors``), which decides where each applies.
+The native routes keep genjob's own shape (``genjob.api.errors``), which decides where each applies.
 Must not know: the routes, the database.
 """
 

@@ -7,7 +7,7 @@ over to a temporary file on disk; either way it is gone when the request ends. A
 ``GENJOB_API_MAX_UPLOADS`` uploads spool to disk at once, at most half of them one owner's
 (``UploadSlots``; more answer 503 with ``Retry-After``), so the disk they take is bounded by that many
 times the size limit (plus the multipart overhead); an upload under 1 MiB takes no slot. A body
-that sends nothing for ``GENJOB_API_BODY_TIMEOUT_S`` answers 408 (``api.limits``), and so does one
+that sends nothing for ``GENJOB_API_BODY_TIMEOUT_S`` answers 408 (``genjob.api.limits``), and so does one
 slower than ``GENJOB_API_BODY_MIN_RATE`` after its grace, or past its deadline (``Admission``).
 """
 

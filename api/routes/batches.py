@@ -4,7 +4,7 @@ Create from an uploaded file (``input_file_id``), read, list (``after``, ``limit
 status names, ``request_counts``, ``errors`` and the output and error files as OpenAI documents them.
 ``Idempotency-Key`` makes a create retry-safe; so does the SDK's own retry header without one.
 Only your API key's batches are visible: another key's answer 404. Errors have OpenAI's shape
-(``api.openai_errors``); a batch made is counted in ``genjob_api_jobs_submitted_total`` as a job.
+(``genjob.api.openai_errors``); a batch made is counted in ``genjob_api_jobs_submitted_total`` as a job.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Shapes as OpenAI documents them (``FileObject``, cursor pages with ``after``/``has_more``); content is
 stored in the database (``genjob.store.files``), so every API replica sees the same files. Only your
-API key's files are visible: another key's answer 404. Errors have OpenAI's shape (``api.openai_errors``).
-A batch's output or error file, once deleted, stays deleted: its batch still names it, reads answer 404.
+API key's files are visible: another key's answer 404. Errors have OpenAI's shape
+(``genjob.api.openai_errors``). A batch's output or error file, once deleted, stays deleted: its batch
+still names it, reads answer 404.
 """
 
 from __future__ import annotations

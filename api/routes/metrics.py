@@ -1,5 +1,5 @@
-"""``GET /metrics``: the API's Prometheus metrics (``api.metrics``): server-wide figures, so an admin key's
-where admin keys are configured (``require_operator``), else any key's."""
+"""``GET /metrics``: the API's Prometheus metrics (``genjob.api.metrics``): server-wide figures, so an
+admin key's where admin keys are configured (``require_operator``), else any key's."""
 
 from __future__ import annotations
 
