@@ -38,6 +38,9 @@ PROPOSER_COUNTS = (
 )
 
 
+LOOPING = "The output ends in a loop: one short cycle of tokens repeated (a degenerate output)."
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -250,6 +253,7 @@ class Result(Base):
     )
     worker: Mapped[str | None] = mapped_column(String(200), comment="Worker that produced it.")
     proposer_counts: Mapped[dict[str, int] | None] = mapped_column(Json, comment=PROPOSER_COUNTS)
+    looping: Mapped[bool | None] = mapped_column(Boolean, comment=LOOPING)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, comment="When it was written."
     )

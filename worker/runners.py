@@ -32,6 +32,7 @@ from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
 from genjob.generation.loading import check_same_vocabulary, eos_ids, load_model, load_tokenizer
+from genjob.generation.loops import ends_in_a_loop
 from genjob.generation.proposer_mix import ProposerMix
 from genjob.generation.proposers import PromptLookup, Proposer
 from genjob.generation.requests import Finished, Request
@@ -270,6 +271,7 @@ def result_row(
         "lossless_match": lossless,
         "worker": worker,
         "proposer_counts": proposer_counts(stats.by_proposer) or None,
+        "looping": ends_in_a_loop(done.token_ids),
     }
 
 

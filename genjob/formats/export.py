@@ -46,6 +46,7 @@ RESULT_FIELDS = (
     "draft_proposed",
     "draft_accepted",
     "latency_s",
+    "looping",
     "error",
 )
 
@@ -65,6 +66,7 @@ def result_record(item: Item, result: Result | None) -> dict[str, Any]:
         "draft_proposed": None,
         "draft_accepted": None,
         "latency_s": None,
+        "looping": None,
         "error": item.error,
     }
     if result is not None:
@@ -78,6 +80,7 @@ def result_record(item: Item, result: Result | None) -> dict[str, Any]:
             draft_proposed=result.draft_proposed,
             draft_accepted=result.draft_accepted,
             latency_s=round(result.latency_s, 6),
+            looping=result.looping,
         )
     return record
 

@@ -43,6 +43,7 @@ def _speculative(result: Result) -> dict[str, Any]:
         "draft_rejections": result.draft_rejections,
         "gamma_mean": result.gamma_mean,
         "latency_s": result.latency_s,
+        "looping": result.looping,
     }
 
 

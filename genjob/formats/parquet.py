@@ -28,6 +28,7 @@ COLUMN_TYPES = {
     "draft_proposed": "int64",
     "draft_accepted": "int64",
     "latency_s": "float64",
+    "looping": "bool_",
     "error": "string",
 }
 assert tuple(COLUMN_TYPES) == RESULT_FIELDS

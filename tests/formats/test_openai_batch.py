@@ -231,6 +231,7 @@ def test_response_records() -> None:
         draft_rejections=1,
         gamma_mean=2.5,
         latency_s=0.25,
+        looping=False,
         created_at=created,
     )
     assert response_record(job, done, result) == {
@@ -269,6 +270,7 @@ def test_response_records() -> None:
                     "draft_rejections": 1,
                     "gamma_mean": 2.5,
                     "latency_s": 0.25,
+                    "looping": False,
                 },
             },
         },

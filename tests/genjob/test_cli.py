@@ -121,7 +121,7 @@ def test_draft_mode_needs_an_assistant(embedded_env: str, tmp_path: Path) -> Non
         (["--top-p", "0"], "Invalid value for '--top-p': 0.0 is not in the range 0.0<x<=1.0."),
         (
             ["--mode", "fast"],
-            "Invalid value for '--mode': 'fast' is not one of 'draft', 'prompt-lookup', 'none'.",
+            "Invalid value for '--mode': 'fast' is not one of 'draft', 'prompt-lookup', 'none', 'auto'.",
         ),
         (
             ["--name", "a\tb"],
