@@ -1,11 +1,13 @@
 """Following a job until it ends: the progress bar, the idle-queue warning, and ``genjob wait``.
 
-The bar (stderr, on a terminal only) shows the phase (waiting for a worker; starting, in embedded
-mode, where this process is the worker; running), items done of the total, failures, tokens/s and
-acceptance over the last ``RATE_WINDOW_S`` seconds, and the ETA at that pace (``genjob.cli.pace``,
-which ``genjob top`` shares). With a broker, a job whose queue has messages that no worker has taken for
-``GENJOB_QUEUE_IDLE_WARN_S`` gets a warning (once, until something moves). The exit codes are
-``genjob.cli.exits``. Must not know: the workers' code, the HTTP API.
+The bar (stderr, on a terminal only) shows the phase (waiting for a worker; in embedded mode, where
+the process that submitted the job runs it, starting in that process and waiting for its submit in
+any other; running), items done of the total, failures, tokens/s and acceptance over the last
+``RATE_WINDOW_S`` seconds, and the ETA at that pace (``genjob.cli.pace``, which ``genjob top``
+shares). With a broker, a job whose queue has messages that no worker has taken for
+``GENJOB_QUEUE_IDLE_WARN_S`` gets a warning (once, until something moves); embedded, another
+process following a job that has not started says once where it runs (``EMBEDDED_NOTE``). The exit
+codes are ``genjob.cli.exits``. Must not know: the workers' code, the HTTP API.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from genjob.store.activity import running_items
 from genjob.tables import Job
 
 POLL_SECONDS = 0.5
+EMBEDDED_NOTE = (
+    "job {job_id} runs in the process that submitted it (embedded mode: no GENJOB_BROKER_URL, no "
+    "workers); if that process has stopped, run the rest with `genjob requeue {job_id}`"
+)
 
 
 @dataclass
@@ -71,10 +77,21 @@ def phases(show: bool) -> Iterator[Callable[[str], None]]:
         yield lambda phase: status.update(f"{phase}…")
 
 
-def _phase(job: Job, running: int, *, embedded: bool) -> str:
-    if job.status == JobStatus.QUEUED or (job.status == JobStatus.RUNNING and not running and not job.done):
-        return "starting" if embedded else "waiting for a worker"  # embedded: this process is the worker
-    return str(job.status)
+def _phase(job: Job, running: int, *, here: bool, embedded: bool) -> str:
+    """The bar's label. ``here``: this process runs the job; ``embedded``: no broker, so the process
+    that submitted the job runs it, and no worker will."""
+    if not _waiting(job, running):
+        return str(job.status)
+    if here:
+        return "starting"
+    return "waiting for its submit" if embedded else "waiting for a worker"
+
+
+def _waiting(job: Job, running: int) -> bool:
+    """Nothing has started: queued, or running with nothing in flight and nothing done yet."""
+    if job.status == JobStatus.QUEUED:
+        return True
+    return job.status == JobStatus.RUNNING and not running and not job.done
 
 
 def _observe(settings: Settings, job_id: str) -> tuple[Job, int, int | None]:
@@ -111,6 +128,7 @@ def follow_job(
     )
     deadline = time.monotonic() + timeout.total_seconds() if timeout is not None else None
     pace, idle = Pace(), IdleWatch(settings.queue_idle_warn_s)
+    here, noted = worker is not None, False
     with Progress(*columns, console=console, disable=not (show and console.is_terminal)) as progress:
         task = progress.add_task("", total=None, failed=0, rate="", accept="", eta="")
         while True:
@@ -121,10 +139,15 @@ def follow_job(
                 task,
                 total=job.total,
                 completed=job.done + job.failed,
-                description=_phase(job, running, embedded=worker is not None),
+                description=_phase(job, running, here=here, embedded=settings.embedded),
             )
             progress.tasks[task].fields.update(failed=job.failed, **pace.fields(job))
-            if not settings.embedded and (warning := idle.check(job, running, depth, now)):
+            warning = None
+            if not settings.embedded:
+                warning = idle.check(job, running, depth, now)
+            elif show and not here and not noted and _waiting(job, running):
+                warning, noted = EMBEDDED_NOTE.format(job_id=job.id), True
+            if warning:
                 if progress.live.is_started:
                     progress.console.print(warning)
                 else:

@@ -1,19 +1,29 @@
 """Job commands: jobs, status, stats, cancel, requeue, retry (submit: ``genjob.cli.submit``; results:
 ``genjob.cli.results``).
 
-Imports stay light at the top (no Celery, no catalog, no tokenizer): ``genjob status`` must answer
-fast; what only queueing needs is imported where it queues. Must not know: the workers, the HTTP API.
+Imports stay light at the top (no Celery, no catalog, no tokenizer, no pydantic): ``genjob status``
+must answer fast. The commands that only read (``jobs``, ``status``, ``stats``) take the database URL
+alone (``database_and_schema``); what only queueing needs is imported where it queues. Must not know:
+the workers, the HTTP API.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import click
 
 from genjob import store
-from genjob.cli.context import Duration, job_reference, load_job, settings_and_schema
+from genjob.cli.context import (
+    Duration,
+    database_and_schema,
+    job_reference,
+    load_job,
+    load_job_at,
+    settings_and_schema,
+)
 from genjob.cli.output import (
     JOBS_HEADER,
     counted,
@@ -25,8 +35,10 @@ from genjob.cli.output import (
 )
 from genjob.constants import TERMINAL_JOB_STATUSES, JobStatus
 from genjob.db import session_scope
-from genjob.settings import Settings
 from genjob.tables import utcnow
+
+if TYPE_CHECKING:
+    from genjob.settings import Settings
 
 
 def deadline(expire_after: timedelta | None) -> datetime | None:
@@ -52,8 +64,7 @@ def enqueue_or_explain(settings: Settings, *, job_id: str, chunk_size: int, ever
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, each job as GET /v1/jobs/{id} has it.")
 def list_jobs(status: str | None, limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
-    settings = settings_and_schema()
-    with session_scope(settings.database_url) as session:
+    with session_scope(database_and_schema()) as session:
         store.expire_due_jobs(session)
         rows = store.list_jobs(session, status=status, limit=limit)
         if as_json:
@@ -69,7 +80,7 @@ def list_jobs(status: str | None, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON, as GET /v1/jobs/{id} has it.")
 def status(job_id: str, as_json: bool) -> None:
     """Show a job's state, item counts and timestamps."""
-    job = load_job(settings_and_schema(), job_id)
+    job = load_job_at(database_and_schema(), job_id)
     if as_json:
         click.echo(json.dumps(job_json(job), ensure_ascii=False, indent=2))
         return
@@ -87,7 +98,7 @@ def stats(job_id: str, as_json: bool) -> None:
     own decoding seconds: the models' pace, with queueing, model loading and
     gaps left out).
     """
-    job = load_job(settings_and_schema(), job_id)
+    job = load_job_at(database_and_schema(), job_id)
     if as_json:
         click.echo(json.dumps(job_stats_json(job), ensure_ascii=False, indent=2))
         return

@@ -1,6 +1,6 @@
 """Items inserted in bulk, streamed in flat memory: one ``COPY items FROM STDIN`` on Postgres
-(psycopg), executemany batches elsewhere. Each row carries the line's own sampling settings.
-Must not know: Celery, torch, the HTTP API or the CLI.
+(psycopg, imported only there), executemany batches elsewhere. Each row carries the line's own
+sampling settings. Must not know: Celery, torch, the HTTP API or the CLI.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
-import psycopg
-from psycopg.copy import QueuedLibpqWriter
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
@@ -19,6 +17,8 @@ from genjob.constants import ItemStatus
 from genjob.tables import Item
 
 if TYPE_CHECKING:  # formats.export reads the store: the items are only typed here
+    import psycopg
+
     from genjob.formats.lines import PromptItem
 
 ROWS_PER_INSERT = 2000
@@ -71,7 +71,10 @@ def insert_items(session: Session, *, job_id: str, items: Iterable[PromptItem]) 
 
 def _copy_items(session: Session, rows: Iterator[tuple[Any, ...]]) -> int:
     """Stream rows into ``items`` with COPY (about 3x faster than executemany); returns the count.
-    A thread sends the buffered data (a bounded queue) while this one reads and checks the next lines."""
+    A thread sends the buffered data (a bounded queue) while this one reads and checks the next lines.
+    psycopg is imported here, where it is used: a command that only reads jobs never loads it."""
+    from psycopg.copy import QueuedLibpqWriter
+
     count = 0
     cursor = cast("psycopg.Cursor[Any]", session.connection().connection.cursor())  # psycopg's own
     try:

@@ -1,7 +1,8 @@
-"""What a user meets at the CLI, exactly: a fast help that loads no library, the commands' help kept
-equal to their docstrings, click's usage error for a missing --model, the candidates of an ambiguous
-id prefix, wall-clock tokens/s beside decoding tokens/s, models named as given, counted nouns, the
-schema check's words, and an embedded submit that shows its progress on a terminal."""
+"""What a user meets at the CLI, exactly: a fast help that loads no library, a status that loads only
+what reading a job needs, the commands' help kept equal to their docstrings, click's usage error for a
+missing --model, the candidates of an ambiguous id prefix, wall-clock tokens/s beside decoding
+tokens/s, models named as given, counted nouns, the schema check's words, and an embedded submit that
+shows its progress on a terminal."""
 
 from __future__ import annotations
 
@@ -85,16 +86,27 @@ def test_every_command_module_is_in_the_table() -> None:
     assert listed == set(COMMANDS)
 
 
-def test_status_loads_neither_celery_nor_alembic(embedded_env: str) -> None:
+@pytest.mark.parametrize("args", [["status", "nope"], ["stats", "nope"], ["jobs"]])
+def test_reading_a_job_loads_only_what_it_needs(embedded_env: str, args: list[str]) -> None:
+    """No Celery, Alembic or torch; and, since the store loads its modules on first use and the
+    database URL is read without pydantic: no psycopg, pydantic, the chunk stores or the job options."""
     invoke("jobs")  # migrated once: a later command finds the database at head
+    unneeded = (
+        "celery", "alembic", "torch", "fastapi", "rich", "psycopg", "pydantic", "pydantic_settings",
+        "genjob.settings", "genjob.options", "genjob.store.chunks", "genjob.store.postgres_chunk_ends",
+    )  # fmt: skip
     code = (
-        "import sys\nfrom genjob.cli import main\ntry:\n    main(['status', 'nope'])\nexcept SystemExit:\n"
-        "    pass\nprint(sorted(m for m in ('celery', 'alembic', 'torch', 'fastapi') if m in sys.modules))"
+        f"import sys\nfrom genjob.cli import main\ntry:\n    main({args!r})\nexcept SystemExit:\n"
+        f"    pass\nprint([m for m in {unneeded!r} if m in sys.modules])"
     )
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GENJOB_")}
+    env["GENJOB_DATABASE_URL"] = embedded_env  # the only setting: none other to check with pydantic
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
     )
-    assert (done.stderr, done.stdout) == ("Error: no job 'nope'\n", "[]\n")
+    assert done.stdout.splitlines()[-1] == "[]", done.stderr
+    if args[0] != "jobs":
+        assert done.stderr == "Error: no job 'nope'\n"
 
 
 def test_a_missing_model_is_a_usage_error(embedded_env: str, tmp_path: Path) -> None:

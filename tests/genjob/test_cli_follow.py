@@ -1,5 +1,6 @@
 """Following jobs from another terminal: wait --timeout, the idle-queue warning, top, lazy imports,
-and Ctrl-C in embedded mode (a real process: it must exit 130 and leave the job resumable)."""
+Ctrl-C in embedded mode (a real process: it must exit 130 and leave the job resumable), and what
+`wait` says of an embedded job that no process runs yet."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from genjob.cli import main
-from genjob.cli.follow import IdleWatch
+from genjob.cli.follow import IdleWatch, _phase
 from genjob.cli.pace import Pace
 from genjob.db import session_scope
 from genjob.settings import Settings
@@ -160,3 +161,34 @@ def test_the_idle_warning_comes_once_until_something_moves() -> None:
     assert idle.check(queued, running=0, depth=3, now=20.0) is None  # said once
     assert idle.check(queued, running=0, depth=2, now=21.0) is None  # a chunk was taken: it moved
     assert idle.check(queued, running=1, depth=2, now=40.0) is None  # a long item is running
+
+
+def test_wait_in_embedded_mode_says_the_job_runs_where_it_was_submitted(embedded_env: str) -> None:
+    """No broker, so no worker: the submitting process runs the job; another one following it says so
+    (once), never 'waiting for a worker'."""
+    CliRunner().invoke(main, ["jobs"])  # the embedded database, migrated
+    with session_scope(embedded_env) as session:
+        session.add(
+            Job(id="3a0000000000", status="queued", model="m", mode="none", spec={}, queue="gpu", total=2)
+        )
+    result = CliRunner().invoke(main, ["wait", "3a", "--timeout", "1s"])
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        5,
+        "",
+        "job 3a0000000000 runs in the process that submitted it (embedded mode: no GENJOB_BROKER_URL, "
+        "no workers); if that process has stopped, run the rest with `genjob requeue 3a0000000000`\n"
+        "still queued after 0:00:01: 0 done, 0 failed of 2\n",
+    )
+    quiet = CliRunner().invoke(main, ["wait", "3a", "--timeout", "1s", "-q"])
+    assert (quiet.exit_code, quiet.stderr) == (5, "still queued after 0:00:01: 0 done, 0 failed of 2\n")
+
+
+def test_the_phase_names_who_runs_the_job() -> None:
+    queued = Job(id="j", status="queued", done=0)
+    started = Job(id="j", status="running", done=0)  # taken, nothing in flight yet (loading the models)
+    assert _phase(queued, 0, here=False, embedded=False) == "waiting for a worker"
+    assert _phase(started, 0, here=False, embedded=False) == "waiting for a worker"
+    assert _phase(queued, 0, here=True, embedded=True) == "starting"  # this process runs it
+    assert _phase(queued, 0, here=False, embedded=True) == "waiting for its submit"
+    assert _phase(started, 0, here=False, embedded=True) == "waiting for its submit"
+    assert _phase(started, 2, here=False, embedded=True) == "running"
