@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from genjob.constants import OPEN_ITEM_STATUSES, TERMINAL_JOB_STATUSES, ItemStatus
 from genjob.db import changed_rows
+from genjob.store.leases import as_utc
 from genjob.tables import Item, Job, Result
 
 
@@ -115,6 +116,7 @@ def worker_activity(session: Session, *, since: datetime) -> list[WorkerActivity
     seen: dict[str, WorkerActivity] = {}
     for name, items, tokens, last in written:
         worker = str(name)
+        last = as_utc(last) if last is not None else None  # SQLite's max() of a timestamp: naive
         seen[worker] = WorkerActivity(worker, items, tokens or 0, last, running.pop(worker, 0))
     for worker, count in running.items():
         seen[worker] = WorkerActivity(worker, 0, 0, None, count)

@@ -15,8 +15,9 @@ from genjob.api.app import create_app
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.store import files as file_store
-from genjob.tables import File, FileChunk, Item, Job, Result, utcnow
+from genjob.tables import File, FileChunk, Item, Job, utcnow
 from tests.support.api import API_KEY, jsonl
+from tests.support.store import result_of
 
 LINES = [
     {"custom_id": f"r{i}", "body": {"model": "tiny", "prompt": f"p{i}", "max_tokens": 2}} for i in range(3)
@@ -36,18 +37,12 @@ def finish(settings: Settings, job_id: str) -> None:
         for item_id, seq in items:
             if seq < 2:
                 session.add(
-                    Result(
+                    result_of(
                         job_id=job_id,
                         item_id=item_id,
                         output=f"out {seq}",
-                        finish_reason="length",
-                        mode="none",
-                        prompt_tokens=1,
                         new_tokens=2,
                         target_rounds=2,
-                        draft_proposed=0,
-                        draft_accepted=0,
-                        draft_rejections=0,
                         latency_s=0.01,
                         created_at=utcnow(),
                     )

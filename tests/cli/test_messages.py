@@ -22,7 +22,8 @@ from genjob import db
 from genjob.cli import main
 from genjob.cli.lazy import COMMANDS, load_command
 from genjob.db import session_scope
-from genjob.tables import Item, Job, Result
+from genjob.tables import Item, Job
+from tests.support.store import result_of
 
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"  # the scripted stand-in for the models
 
@@ -167,22 +168,7 @@ def test_outputs_name_a_model_given_as_a_path_whole(embedded_env: str) -> None:
         item = Item(job_id="4a0000000000", seq=0, line=1, prompt="p", status="done")
         session.add(item)
         session.flush()
-        session.add(
-            Result(
-                item_id=item.id,
-                job_id="4a0000000000",
-                output="x",
-                finish_reason="length",
-                mode="draft",
-                prompt_tokens=1,
-                new_tokens=1,
-                target_rounds=1,
-                draft_proposed=0,
-                draft_accepted=0,
-                draft_rejections=0,
-                latency_s=0.1,
-            )
-        )
+        session.add(result_of(item_id=item.id, job_id="4a0000000000", mode="draft"))
     shown = json.loads(invoke("status", "4a", "--json")[1])
     assert (shown["model"], shown["assistant"]) == ("/models/a/target", "/models/a/draft")
     assert (shown["spec"]["model"], shown["spec"]["assistant"]) == ("/models/a/target", "/models/a/draft")

@@ -28,7 +28,8 @@ from genjob.cli.top import (
 from genjob.db import session_scope
 from genjob.settings import Settings
 from genjob.store.activity import WorkerActivity
-from genjob.tables import Item, Job, Result
+from genjob.tables import Item, Job
+from tests.support.store import result_of
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SUMS = ("new_tokens", "draft_accepted", "draft_proposed", "busy_seconds", "decode_seconds", "decode_tokens")
@@ -184,19 +185,11 @@ def test_collect_rates_a_job_from_its_results_at_once(embedded_env: str) -> None
             session.add(item)
             session.flush()
             session.add(
-                Result(
+                result_of(
                     item_id=item.id,
                     job_id=job.id,
-                    output="x",
-                    finish_reason="length",
-                    mode="none",
-                    prompt_tokens=1,
                     new_tokens=100,
                     target_rounds=100,
-                    draft_proposed=0,
-                    draft_accepted=0,
-                    draft_rejections=0,
-                    latency_s=0.1,
                     created_at=now - timedelta(seconds=5 + seq),
                 )
             )

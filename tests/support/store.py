@@ -10,7 +10,7 @@ from genjob.db import run_transaction, session_scope
 from genjob.formats.reader import PromptItem
 from genjob.options import JobSpec
 from genjob.store import leases
-from genjob.tables import Item
+from genjob.tables import Item, Result
 
 RESULT = {
     "output": "x",
@@ -25,6 +25,11 @@ RESULT = {
     "latency_s": 0.1,
     "worker": "w",
 }
+
+
+def result_of(**columns) -> Result:
+    """A ``Result`` row: ``RESULT``'s values, and ``columns`` (its keys, its item's, any other) over them."""
+    return Result(**{**RESULT, **columns})
 
 
 def new_job(url: str, n: int = 3, **kwargs) -> tuple[str, list[int]]:
