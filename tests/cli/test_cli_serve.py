@@ -47,7 +47,7 @@ def test_api_refuses_a_port_in_use(embedded_env: str, reuse_port: bool) -> None:
         "",
         f"Error: cannot listen on 127.0.0.1:{port}: the port is in use (another server listens there)\n",
     )
-    assert took < 10
+    assert took < 30  # at once: no retries to bind (10 s of imports on a busy 2-core machine, not 60)
 
 
 def test_api_on_a_stale_database_says_so(blank_pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
