@@ -88,7 +88,9 @@ class UploadSlots:
                     else f"{self.limit} large uploads are being received already (GENJOB_API_MAX_UPLOADS)"
                 )
                 + ": retry shortly",
-                headers={"Retry-After": "5"},
+                # answered before the body is read: the connection is not reused (a client that sent
+                # its next request on it would meet a server that closed it unread)
+                headers={"Retry-After": "5", "Connection": "close"},
             )
         self.active += 1
         self.by_owner[owner] += 1
@@ -147,6 +149,7 @@ def _too_large(limit: int) -> ApiError:
         413,
         "payload_too_large",
         f"the upload is larger than the limit of {limit} bytes (GENJOB_MAX_UPLOAD_BYTES)",
+        headers={"Connection": "close"},  # the rest of the body is never read
     )
 
 

@@ -189,6 +189,7 @@ def test_uploads_beyond_the_cap_get_503_and_the_spool_stays_bounded(api: tuple[i
             assert third.status_code == 503, third.text
             assert third.json()["error"]["code"] == "too_many_uploads"
             assert third.headers["retry-after"] == "5"
+            assert third.headers["connection"] == "close"  # its body was not read: a new connection next
             small = client.post(  # a one-line upload takes no slot: served while both are held
                 "/v1/files", data={"purpose": "batch"}, files={"file": ("c.jsonl", b'{"a": 1}\n')}
             )
