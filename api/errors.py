@@ -54,6 +54,11 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
+def first_field(details: Sequence[ErrorDetail]) -> str | None:
+    """The field at fault of an error: its first detail's that names one (OpenAI's ``param``)."""
+    return next((detail.field for detail in details if detail.field), None)
+
+
 class ApiError(Exception):
     """Raised anywhere in a request to answer with this status and error body."""
 
@@ -74,7 +79,7 @@ class ApiError(Exception):
         self.message = message
         self.details = list(details)
         self.headers = headers
-        self.param = param or next((d.field for d in self.details if d.field), None)
+        self.param = param or first_field(self.details)
 
     @classmethod
     def invalid_input(cls, exc: InputFileError) -> ApiError:
@@ -127,7 +132,7 @@ def _answer(
     """The error in the shape of the route's family: OpenAI's on its routes, genjob's elsewhere."""
     if not is_openai_path(request.url.path):
         return error_response(status_code, code, message, details, headers)
-    param = param or next((detail.field for detail in details if detail.field), None)
+    param = param or first_field(details)
     info = openai or openai_error(status_code, code, message, param)
     body = OpenAIErrorResponse(error=info).model_dump(mode="json")
     return JSONResponse(body, status_code=openai_status(status_code), headers=headers)

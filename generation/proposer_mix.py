@@ -118,11 +118,11 @@ class ProposerMix:
         tokens = view.pending.new_zeros(b, k)
         counts = [0] * b
         proposals = {name: self.proposers[name].propose(view, k) for name in chosen}
+        mine = {name: [r for r, row in enumerate(rows) if row.proposer == name] for name in chosen}
+        index = {name: torch.tensor(slots, device=tokens.device) for name, slots in mine.items()}
         for name, proposal in proposals.items():
-            mine = [r for r, row in enumerate(rows) if row.proposer == name]
-            index = torch.tensor(mine, device=tokens.device)
-            tokens[index] = proposal.tokens[index]
-            for r in mine:
+            tokens[index[name]] = proposal.tokens[index[name]]
+            for r in mine[name]:
                 counts[r] = proposal.counts[r]
         probs = None
         sampled = [proposal.probs for proposal in proposals.values() if proposal.probs is not None]
@@ -130,9 +130,7 @@ class ProposerMix:
             probs = torch.nn.functional.one_hot(tokens, sampled[0].shape[-1]).to(sampled[0].dtype)
             for name, proposal in proposals.items():
                 if proposal.probs is not None:
-                    mine = [r for r, row in enumerate(rows) if row.proposer == name]
-                    index = torch.tensor(mine, device=tokens.device)
-                    probs[index] = proposal.probs[index]
+                    probs[index[name]] = proposal.probs[index[name]]
         self._limits = [
             min(
                 k, n, row.remaining - 1, row.request.draft_limit if row.request.draft_limit is not None else k
