@@ -228,6 +228,11 @@ class Engine:
             return 0, False
         assert self.costs is not None  # an engine with a proposer has them
         estimates = acceptance_estimates(self.rows, self.stats)
+        own = getattr(self.proposer, "row_acceptance", None)  # mode auto: the chosen proposer's rate
+        if own is not None:
+            estimates = [
+                mine if mine is not None else e for e, mine in zip(estimates, own(self.rows), strict=True)
+            ]
         self.k = choose_draft_length(self.costs, estimates, room, k_max=self.k_max, current=self.k)
         self._plain_streak = self._plain_streak + 1 if self.k == 0 else 0
         if self._plain_streak >= EXPLORE_EVERY:  # counted apart from probe rounds, which never explore

@@ -91,6 +91,11 @@ class ProposerMix:
         accepted, refused = row.evidence.get(name, (0.0, 0.0))
         return (accepted + ROW_PRIOR * self.job_alpha(name)) / (accepted + refused + ROW_PRIOR)
 
+    def row_acceptance(self, rows: list[Row]) -> list[float | None]:
+        """Each row's acceptance for the proposer chosen for it this round (None: it drafts nothing):
+        the engine's choice of k weighs what this round's drafts are worth, not the row's mixed past."""
+        return [None if row.proposer is None else self.row_alpha(row, row.proposer) for row in rows]
+
     def available(self, rows: list[Row], k: int) -> list[int]:
         """Choose each row's proposer (``Row.proposer``; None: no drafts) and say how many tokens it has."""
         offers = {name: proposer.available(rows, k) for name, proposer in self.proposers.items()}

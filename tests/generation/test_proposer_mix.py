@@ -98,6 +98,25 @@ def test_a_row_whose_proposer_stops_paying_moves_to_another_then_to_none() -> No
     assert mix.totals["a"][2] == 4
 
 
+def test_the_draft_length_weighs_the_chosen_proposers_acceptance_not_the_rows_mixed_past() -> None:
+    offers = {"a": True, "b": True}
+    mix = ProposerMix(
+        [Fixed("a", [5, 6, 7, 8], lambda row: offers["a"]), Fixed("b", [5, 6], lambda row: offers["b"])]
+    )
+    rows = [row(0)]
+    for _ in range(3):
+        one_round(mix, rows, 4, [4])  # "a" is right every time
+    mix.available(rows, 4)
+    assert rows[0].proposer == "a" and mix.row_acceptance(rows) == [mix.row_alpha(rows[0], "a")]
+    assert mix.row_acceptance(rows)[0] > 0.8  # type: ignore[operator]
+    offers["a"] = False  # this round only "b" has tokens: untried, its rate is the prior
+    mix.available(rows, 4)
+    assert rows[0].proposer == "b" and mix.row_acceptance(rows) == [0.5]
+    offers["b"] = False
+    mix.available(rows, 4)
+    assert mix.row_acceptance(rows) == [None]  # no drafts: the engine keeps its own estimate
+
+
 @pytest.fixture(scope="module")
 def models(tiny_pair: tuple[Path, Path]):
     target = load_model(str(tiny_pair[0]))  # its draft: another small model, often wrong
