@@ -1,10 +1,11 @@
 """Lossless check at scale: every greedy output of the engine against transformers' plain greedy decode.
 
 For each held-out prompt (up to the context limit), the oracle is ``generate`` with batch 1 and no
-assistant; the engine decodes all prompts at B ∈ {1, 4, 16, 64} with the draft model and with prompt
-lookup (γ chosen by goodput, as a job does). An output may differ from the oracle only where float
-noise can flip a near tie: at its first differing position the oracle's two best logits must be
-within 1e-4. Every difference is counted and its top-2 gap reported.
+assistant; the engine decodes all prompts at B ∈ {1, 4, 16, 64} with the draft model, with prompt
+lookup and in mode auto (prompt lookup, the job's suffix cache fed each finished output, and the draft
+model, chosen per row and round; γ chosen by goodput, as a job does). An output may differ from the
+oracle only where float noise can flip a near tie: at its first differing position the oracle's two
+best logits must be within 1e-4. Every difference is counted and its top-2 gap reported.
 
     taskset -c 1 .venv/bin/python bench/lossless.py [--n 240] [--new 64]
 
@@ -38,8 +39,10 @@ from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.forward import max_positions
 from genjob.generation.loading import eos_ids, load_model, load_tokenizer
+from genjob.generation.proposer_mix import ProposerMix
 from genjob.generation.proposers import PromptLookup
 from genjob.generation.requests import Request
+from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
 from genjob.settings import get_settings
 from tests.support.engine import gap_where_they_differ, greedy
 
@@ -56,6 +59,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=240)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--modes", default="draft,prompt lookup,plain,auto", help="those the model has")
     parser.add_argument("--model", default="demo", help="demo (the pair) or a catalog name (smollm2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -95,9 +99,12 @@ def main() -> None:
     failures = 0
     for batch in [int(b) for b in args.batches.split(",")]:
         costs = measure_grid(target, draft, max_batch=batch, max_query=11)
-        proposers = {"prompt lookup": PromptLookup(), "plain": None}
+        proposers: dict[str, object] = {"prompt lookup": PromptLookup(), "plain": None}
         if draft is not None:
             proposers = {"draft": DraftModel(draft), "prompt lookup": PromptLookup()}
+        drafting = [DraftModel(draft)] if draft is not None else []
+        proposers["auto"] = ProposerMix([PromptLookup(), SuffixLookup(SuffixCache()), *drafting])
+        proposers = {name: proposers[name] for name in args.modes.split(",") if name in proposers}
         for name, proposer in proposers.items():
             k_max = 10 if proposer is not None else 0
             engine = Engine(target, proposer, max_rows=batch, k_max=k_max, costs=costs)
@@ -105,7 +112,11 @@ def main() -> None:
                 Request(key=i, input_ids=ids, max_new_tokens=new, eos_ids=eos)
                 for i, (ids, new) in enumerate(prompts)
             ]
-            got = {done.key: done.token_ids for done in engine.generate(requests)}
+            got = {}
+            for done in engine.generate(requests):
+                got[done.key] = done.token_ids
+                if isinstance(proposer, ProposerMix):  # the job's suffix cache learns each output
+                    proposer.add_output(done.token_ids)
             ties, other, gaps = 0, 0, []
             for i, (ids, _) in enumerate(prompts):
                 gap = gap_where_they_differ(target, ids, got[i], expected[i])

@@ -79,26 +79,32 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
         keyed = [(r * len(prompts) + i, ids) for r in range(repeats) for i, ids in enumerate(prompts)]
         prompt_of = dict(keyed)
         groups = [keyed[i : i + size] for i in range(0, len(keyed), size)]
-        modes = ["plain", "prompt lookup", "auto"] + (["hf prompt lookup"] if batch == 1 else [])
+        modes = [m for m in args.modes if m != "hf prompt lookup" or batch == 1]
         runs = {mode: engine_bench.Tally() for mode in modes}
-        engines = {
-            "plain": Engine(target, None, max_rows=batch),
-            "prompt lookup": Engine(
-                target, PromptLookup(), max_rows=batch, k_max=LOOKUP_TOKENS, costs=replace(costs, scale={})
-            ),
-        }
         job_outputs = SuffixLookup(SuffixCache())  # mode auto without a draft: lookup and the job's outputs
-        mix = ProposerMix([PromptLookup(), job_outputs])
-        engines["auto"] = Engine(
-            target, mix, max_rows=batch, k_max=LOOKUP_TOKENS, costs=replace(costs, scale={})
-        )
+        proposers = {
+            "plain": None,
+            "prompt lookup": PromptLookup(),
+            "auto": ProposerMix([PromptLookup(), job_outputs]),
+        }
+        engines = {
+            mode: Engine(
+                target, proposers[mode], max_rows=batch, k_max=LOOKUP_TOKENS, costs=replace(costs, scale={})
+            )
+            if proposers[mode] is not None
+            else Engine(target, None, max_rows=batch)
+            for mode in modes
+            if mode in proposers
+        }
         learners = {"auto": job_outputs.add_output}
-        for group in groups:
+        for done, group in enumerate(groups, 1):
+            if done % 8 == 0:
+                print(f"# {task} B={batch}: group {done}/{len(groups)}", file=sys.stderr, flush=True)
             for mode, engine in engines.items():
                 engine_bench.ours(
                     runs[mode], engine, group, new=new, temperature=0, eos=eos, learn=learners.get(mode)
                 )
-            if batch == 1:
+            if "hf prompt lookup" in runs:
                 engine_bench.hf_generate(
                     runs["hf prompt lookup"],
                     target,
@@ -111,7 +117,7 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
                 )
         for mode, engine in engines.items():
             engine_bench.absorb(runs[mode], engine)
-        plain = runs["plain"]
+        plain = runs[modes[0]]  # the baseline: plain decoding unless --modes leaves it out
         greedy = [(prompt_of[k], out) for k, out in plain.outputs.items()]
         for mode, run in runs.items():
             lookup = mode in ("prompt lookup", "auto")
@@ -121,10 +127,11 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
                 "batch": batch,
                 "mode": mode,
                 "tps": run.tps,
+                "baseline": modes[0],
                 "speedup": run.tps / plain.tps,
                 "expected": run.expected(engines[mode].costs) if lookup else None,
                 "limit": engine_bench.lookup_limit(costs, greedy, batch, LOOKUP_TOKENS)
-                if mode == "prompt lookup"
+                if mode == "prompt lookup" and modes[0] == "plain"
                 else None,
                 "tokens_per_round": run.tokens / run.rows_sum if run.engine and run.rows_sum else None,
                 "gamma": dict(sorted(run.gamma.items())) if run.engine and lookup else None,
@@ -158,8 +165,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=2, help="prompts per group, in batches (B each)")
     parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--modes", default="plain,prompt lookup,auto,hf prompt lookup", help="the first is the baseline"
+    )
     args = parser.parse_args()
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    args.modes = args.modes.split(",")
     torch.set_num_threads(args.threads)
     settings = get_settings()
     location = resolve_model(settings, args.model, allow_paths=True).target
@@ -175,7 +186,7 @@ def main() -> None:
         flush=True,
     )
     print(
-        "| task | B | mode | tok/s | vs plain | expected | limit | tokens/round | γ (rounds by k) "
+        f"| task | B | mode | tok/s | vs {args.modes[0]} | expected | limit | tokens/round | γ (rounds by k) "
         "| rows ≠ plain |\n|---|---|---|---|---|---|---|---|---|---|",
         flush=True,
     )

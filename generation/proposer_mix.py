@@ -52,6 +52,7 @@ class ProposerMix:
         self.totals = {
             name: [0, 0, 0, 0] for name in self.proposers
         }  # rounds, proposed, accepted, rejections
+        self._learners = [p for p in proposers if hasattr(p, "add_output")]  # the job's suffix cache
         self._ran: set[str] = set()  # who proposed this round (only they advance with its k)
         self._limits: list[int] = []  # this round's proposals per row, as the engine will cap them
 
@@ -64,6 +65,11 @@ class ProposerMix:
     def cache(self) -> object | None:
         """The draft model's cache among them, if any (the engine's K/V budget counts it)."""
         return next((p.cache for p in self.proposers.values() if hasattr(p, "cache")), None)
+
+    def add_output(self, tokens: Sequence[int]) -> None:
+        """A finished row's new tokens, for the proposers that learn from the job's outputs."""
+        for learner in self._learners:
+            learner.add_output(tokens)
 
     # --- slots: every proposer keeps its own state in step ----------------------------------------------
     def reserve(self, slots: int, capacity: int) -> None:

@@ -206,10 +206,8 @@ class JobRunner:
 
     def learn(self, done: Finished) -> None:
         """A row finished: its output joins the job's suffix cache (mode auto), for the rows after it."""
-        proposers = getattr(self.engine.proposer, "proposers", {})
-        for proposer in proposers.values():
-            if isinstance(proposer, SuffixLookup):
-                proposer.add_output(done.token_ids)
+        if isinstance(self.engine.proposer, ProposerMix):
+            self.engine.proposer.add_output(done.token_ids)
 
     def is_lossless_sample(self, seq: int) -> bool:
         """Greedy speculative jobs decode every 1/F-th item (the first always) again without drafts."""
