@@ -1,4 +1,4 @@
-"""Engine benchmark: tokens/s of plain, draft, prompt lookup and sampled decoding at B = 1 … 64.
+"""Engine benchmark: tokens/s of plain, draft, prompt lookup, auto and sampled decoding at B = 1 … 64.
 
 Everything runs in one process on the demo pair, interleaved per batch size (so a noisy machine
 shifts every row of a batch size alike): our engine in each mode, transformers' batched plain
@@ -18,6 +18,10 @@ own), prompt lookup's without the draft model's steps, as a worker measures them
 
     taskset -c 1 .venv/bin/python bench/engine.py            # held-out prompts, 64 new tokens
     taskset -c 1 .venv/bin/python bench/engine.py --long     # the long held-out prompts (200–440 tokens)
+    taskset -c 1 .venv/bin/python bench/engine.py --modes draft,auto --batches 1,8   # mode auto, a draft
+
+Mode auto is prompt lookup, the job's suffix cache (fed each finished row's output, timed with the rest)
+and the draft model, chosen per row and per round (``genjob.generation.proposer_mix``).
     taskset -c 1 .venv/bin/python bench/engine.py --clock cpu  # CPU time: a loaded shared machine
     .venv/bin/python bench/engine.py --device cuda --dtype bfloat16 --batches 1,8,64   # a GPU
 """
@@ -43,8 +47,10 @@ from genjob.generation.costs import CostModel, expected_speedup, expected_tokens
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.loading import eos_ids, load_model, load_tokenizer
+from genjob.generation.proposer_mix import ProposerMix
 from genjob.generation.proposers import NgramIndex, PromptLookup
 from genjob.generation.requests import Request
+from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
@@ -211,6 +217,7 @@ def main() -> None:
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: this process's CPU time"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--modes", default="", help="only these (and plain), comma-separated; default all")
     parser.add_argument("--device", default="cpu", help="torch device (cuda on a GPU machine)")
     parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on a GPU")
     args = parser.parse_args()
@@ -253,20 +260,27 @@ def main() -> None:
             "plain",
             "draft",
             "prompt lookup",
+            "auto",
             f"plain {sampled}",
             f"draft {sampled}",
             "hf plain generate",
         ]
         if batch == 1:
             modes.append("hf assisted generate")
+        if args.modes:  # plain stays: it is every greedy mode's baseline (and the sampled one's, sampled)
+            wanted = {"plain", *args.modes.split(",")}
+            modes = [m for m in modes if m in wanted or (sampled in m and f"draft {sampled}" in wanted)]
         runs = {mode: Tally() for mode in modes}
+        job_outputs = SuffixLookup(SuffixCache())  # mode auto: lookup, the job's outputs, the draft
         proposers = {
             "plain": None,
             "draft": DraftModel(draft),
             "prompt lookup": PromptLookup(),
+            "auto": ProposerMix([PromptLookup(), job_outputs, DraftModel(draft)]),
             f"plain {sampled}": None,
             f"draft {sampled}": DraftModel(draft),
         }
+        proposers = {mode: proposer for mode, proposer in proposers.items() if mode in modes}
         no_draft = replace(costs, draft=dict.fromkeys(costs.draft, 0.0))  # prompt lookup's steps are free
         own_costs = {
             mode: replace(no_draft if mode == "prompt lookup" else costs, scale={}) for mode in modes
@@ -284,18 +298,21 @@ def main() -> None:
         for group in groups:
             for mode, engine in engines.items():
                 temperature = t if sampled in mode else 0
-                ours(runs[mode], engine, group, new=args.new, temperature=temperature, eos=eos)
+                learn = job_outputs.add_output if mode == "auto" else None
+                ours(runs[mode], engine, group, new=args.new, temperature=temperature, eos=eos, learn=learn)
             for i in range(0, len(group), batch):  # transformers' generate: B rows at a time, no refill
+                if "hf plain generate" not in runs:
+                    break
                 hf_plain(runs["hf plain generate"], target, group[i : i + batch], new=args.new, pad=pad)
-            if batch == 1:
+            if "hf assisted generate" in runs:
                 hf_generate(
                     runs["hf assisted generate"], target, group, new=args.new, pad=pad, assistant_model=draft
                 )
         for mode, engine in engines.items():
             absorb(runs[mode], engine)
-        greedy_plain, sampled_plain = runs["plain"], runs[f"plain {sampled}"]
+        greedy_plain, sampled_plain = runs["plain"], runs.get(f"plain {sampled}")
         for mode, run in runs.items():
-            base = sampled_plain if sampled in mode else greedy_plain
+            base = sampled_plain if sampled in mode and sampled_plain else greedy_plain
             differ = "-"
             if run.engine and sampled not in mode:
                 differ = str(sum(run.outputs[k] != greedy_plain.outputs[k] for k in greedy_plain.outputs))

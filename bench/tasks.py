@@ -117,6 +117,16 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
                 )
         for mode, engine in engines.items():
             engine_bench.absorb(runs[mode], engine)
+        if "auto" in runs and runs["auto"].rounds:
+            auto = runs["auto"]
+            host = job_outputs.host_seconds + job_outputs.add_seconds
+            print(
+                f"# {task} B={batch} auto: the suffix cache's host time {1e3 * host / auto.rounds:.2f} ms a "
+                f"round ({100 * host / auto.seconds:.1f} % of the time), "
+                f"{job_outputs.job_cache.tokens} tokens cached, "
+                f"its drafts in {job_outputs.chosen_job} row-rounds",
+                flush=True,
+            )
         plain = runs[modes[0]]  # the baseline: plain decoding unless --modes leaves it out
         greedy = [(prompt_of[k], out) for k, out in plain.outputs.items()]
         for mode, run in runs.items():
