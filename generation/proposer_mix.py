@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from genjob.generation.engine_stats import PRIOR_WEIGHT as ROW_WEIGHT
 from genjob.generation.proposers import BatchView, Proposal, Proposer
 from genjob.generation.requests import Row
 
@@ -98,9 +99,21 @@ class ProposerMix:
         return (accepted + ROW_PRIOR * self.job_alpha(name)) / (accepted + refused + ROW_PRIOR)
 
     def row_acceptance(self, rows: list[Row]) -> list[float | None]:
-        """Each row's acceptance for the proposer chosen for it this round (None: it drafts nothing):
-        the engine's choice of k weighs what this round's drafts are worth, not the row's mixed past."""
-        return [None if row.proposer is None else self.row_alpha(row, row.proposer) for row in rows]
+        """Each row's acceptance for the proposer chosen for it this round (None: it drafts nothing), for
+        the engine's choice of k: what this round's drafts are worth, not the row's mixed past. Over the
+        row's whole life with that proposer (``RowStats.by_proposer``), pulled towards the proposer's
+        job-wide rate by ``engine_stats.PRIOR_WEIGHT``, as the engine weighs a row of one proposer: a
+        row that only ever drafts from prompt lookup gets prompt lookup's k. (The choice of proposer
+        uses the fading ``evidence``, quick to leave one that stops paying; the k, steadier, does not.)"""
+        estimates: list[float | None] = []
+        for row in rows:
+            if row.proposer is None:
+                estimates.append(None)
+                continue
+            _, _, accepted, rejections = row.stats.by_proposer.get(row.proposer, (0, 0, 0, 0))
+            prior = self.job_alpha(row.proposer)
+            estimates.append((accepted + ROW_WEIGHT * prior) / (accepted + rejections + ROW_WEIGHT))
+        return estimates
 
     def available(self, rows: list[Row], k: int) -> list[int]:
         """Choose each row's proposer (``Row.proposer``; None: no drafts) and say how many tokens it has."""

@@ -107,8 +107,13 @@ def test_the_draft_length_weighs_the_chosen_proposers_acceptance_not_the_rows_mi
     for _ in range(3):
         one_round(mix, rows, 4, [4])  # "a" is right every time
     mix.available(rows, 4)
-    assert rows[0].proposer == "a" and mix.row_acceptance(rows) == [mix.row_alpha(rows[0], "a")]
-    assert mix.row_acceptance(rows)[0] > 0.8  # type: ignore[operator]
+    assert rows[0].proposer == "a"
+    assert mix.row_acceptance(rows)[0] > 0.9  # type: ignore[operator]
+    one_round(mix, rows, 4, [0])  # one miss: the k stays (the row's life with "a"), the fading choice moves
+    mix.available(rows, 4)
+    steady = mix.row_acceptance(rows)[0]
+    assert rows[0].proposer == "a" and steady is not None and 0.85 < steady < 0.95
+    assert mix.row_alpha(rows[0], "a") < steady - 0.04  # the fading one fell further
     offers["a"] = False  # this round only "b" has tokens: untried, its rate is the prior
     mix.available(rows, 4)
     assert rows[0].proposer == "b" and mix.row_acceptance(rows) == [0.5]
