@@ -7,9 +7,11 @@ that proposer has for the row and its acceptance α on this row (its recent acce
 refused) for that proposer, each round's evidence fading by ``DECAY``, pulled towards the proposer's
 job-wide rate by ``ROW_PRIOR`` pseudo-observations; a proposer no row has tried starts at
 ``PRIOR_ALPHA``). A row where no proposer expects ``MIN_EXPECTED`` accepted tokens gets none (its k
-is 0 while the others draft). Every ``EXPLORE_EVERY``-th round a row drafts from the offering
-proposer it has tried least, so no proposer's estimate goes stale. Rows of one batch may so draft
-from different proposers, verified in one target pass: ``propose`` runs each chosen proposer once
+is 0 while the others draft). Every ``EXPLORE_EVERY``-th round a row drafts from the other offering
+proposer it has tried least, so no proposer's estimate goes stale, unless at its job-wide rate that
+proposer expects less than ``EXPLORE_SHARE`` of what the row's choice does (a proposer the job has found
+poor is not tried again by every row). Rows of one batch may so draft from different proposers,
+verified in one target pass: ``propose`` runs each chosen proposer once
 over the batch and takes each row's tokens from its own (with a sampled proposer among them, the
 other rows' q is one-hot at their tokens, exactly what "not sampled" means to the acceptance rule).
 
@@ -32,7 +34,8 @@ PRIOR_ALPHA = 0.5  # a proposer nobody has tried yet: as likely to be right as w
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind a proposer's job-wide rate
 ROW_PRIOR = 2.0  # pseudo-observations of the job-wide rate behind a row's own
 DECAY = 0.7  # a row's evidence fades by this each round it drafts: what its text does now counts most
-EXPLORE_EVERY = 8  # every 8th round of a row, a proposer with tokens to offer that it has tried least
+EXPLORE_EVERY = 8  # every 8th round of a row, a proposer with tokens to offer that it has tried least…
+EXPLORE_SHARE = 0.5  # …if at its job-wide rate it expects half what the row's choice does
 MIN_EXPECTED = 0.25  # fewer expected accepted tokens than this: the row drafts nothing this round
 
 
@@ -126,10 +129,13 @@ class ProposerMix:
                 gain = expected_accepted(self.row_alpha(row, name), n) if n else 0.0
                 if gain > best_gain:
                     best, best_gain, best_n = name, gain, n
-            offering = [name for name in self.proposers if offers[name][r]]
-            if offering and row.stats.rounds % EXPLORE_EVERY == 0:
-                best = min(offering, key=lambda name: row.stats.by_proposer.get(name, [0])[0])
-                best_n = offers[best][r]
+            if row.stats.rounds % EXPLORE_EVERY == 0:
+                offering = [name for name in self.proposers if offers[name][r] and name != best]
+                if offering:
+                    other = min(offering, key=lambda name: row.stats.by_proposer.get(name, [0])[0])
+                    worth = expected_accepted(self.job_alpha(other), offers[other][r])
+                    if worth >= EXPLORE_SHARE * best_gain:  # it might pay here: see what this row makes of it
+                        best, best_n = other, offers[other][r]
             row.proposer = best
             counts.append(best_n)
         return counts

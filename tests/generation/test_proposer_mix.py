@@ -122,6 +122,17 @@ def test_the_draft_length_weighs_the_chosen_proposers_acceptance_not_the_rows_mi
     assert mix.row_acceptance(rows) == [None]  # no drafts: the engine keeps its own estimate
 
 
+def test_every_eighth_round_a_row_tries_another_proposer_unless_the_job_found_it_poor() -> None:
+    mix = ProposerMix([Fixed("a", [5, 6, 7, 8]), Fixed("b", [5, 6, 7, 8])])
+    rows = [row(0)]
+    rows[0].stats.rounds = 8
+    mix.available(rows, 4)
+    assert rows[0].proposer == "b"  # untried: it might pay
+    mix.totals["b"] = [40, 160, 4, 40]  # the job's rows found "b" right 4 times in 44
+    mix.available(rows, 4)
+    assert rows[0].proposer == "a"
+
+
 @pytest.fixture(scope="module")
 def models(tiny_pair: tuple[Path, Path]):
     target = load_model(str(tiny_pair[0]))  # its draft: another small model, often wrong
