@@ -44,7 +44,7 @@ CLASSIFY_LABELS: tuple[str, ...] = ("parsing", "formatting", "io", "validation",
 # New tokens per line when the caller gives none: enough for the usual answer of each task.
 MAX_TOKENS: dict[str, int] = {"rewrite": 256, "extract": 128, "summarize": 96, "classify": 8, "write": 128}
 
-# The decoding mode (genjob's --mode) that suits each task, and why.
+# The single decoding mode (genjob's --mode) that suits each task, and why (the default, auto, needs none).
 MODE_FOR_TASK: dict[str, tuple[str, str]] = {
     "rewrite": ("prompt-lookup", "the answer is the prompt's code again, so long n-gram runs match"),
     "extract": ("prompt-lookup", "names and parameter lists are copied from the source in the prompt"),

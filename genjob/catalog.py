@@ -191,7 +191,8 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
 
     The draft is ``assistant`` if given (an allow-list name or, with ``allow_paths``, a path), else
     the model's allow-listed draft unless ``mode`` asks for a decoding without one. ``mode`` defaults to
-    ``draft`` when there is a draft, ``none`` otherwise; ``max_new_tokens`` to GENJOB_MAX_NEW_TOKENS.
+    ``auto`` (every proposer the job can have, per row and round, none where none pays: README, "Decoding
+    modes"); ``max_new_tokens`` to GENJOB_MAX_NEW_TOKENS.
     """
     entry = resolve_model(settings, options.model, allow_paths=allow_paths)
     assistant: str | None = None
@@ -201,7 +202,7 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
         ).target
     elif options.mode in (None, DecodingMode.DRAFT, DecodingMode.AUTO):
         assistant = entry.draft
-    mode = options.mode or (DecodingMode.DRAFT if assistant else DecodingMode.NONE)
+    mode = options.mode or DecodingMode.AUTO
     max_new_tokens = options.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = settings.max_new_tokens

@@ -90,9 +90,9 @@ class JobOptions(DecodingOptions):
     )
     mode: DecodingMode | None = Field(
         default=None,
-        description="draft (the default when there is a draft model), prompt-lookup, none (plain "
-        "decoding), or auto (per row, per round, the proposer that pays: prompt lookup, the job's own "
-        "earlier outputs, and the draft model when there is one).",
+        description="auto (the default: per row, per round, the proposer that pays, or none: prompt "
+        "lookup, the job's own earlier outputs, and the draft model when there is one), draft, "
+        "prompt-lookup, or none (plain decoding).",
     )
     # No range here: its bounds are Settings (1..GENJOB_MAX_NEW_TOKENS_LIMIT), checked by the catalog.
     max_new_tokens: int | None = Field(

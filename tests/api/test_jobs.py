@@ -48,7 +48,7 @@ def test_create_from_a_multipart_upload(client: TestClient, api_settings: Settin
         3,
         0,
         "multi",
-        "draft",
+        "auto",
     )
     assert job["model"] == "tiny"  # the allow-list name: never a server path
     assert api_settings.model_entry("tiny").target not in response.text
@@ -75,7 +75,7 @@ def test_create_from_a_jsonl_body(client: TestClient) -> None:
     )
     assert response.status_code == 201, response.text
     job = response.json()
-    assert (job["total"], job["mode"], job["assistant"]) == (3, "none", None)
+    assert (job["total"], job["mode"], job["assistant"]) == (3, "auto", None)
     assert job["spec"]["max_new_tokens"] == 128
 
 
@@ -254,7 +254,7 @@ def test_the_query_parameters_are_the_job_options(client: TestClient) -> None:
 
 def test_an_assistant_from_the_allow_list(client: TestClient, api_settings: Settings) -> None:
     job = submit(client, model="tiny-plain", assistant="tiny")
-    assert (job["mode"], job["model"], job["assistant"]) == ("draft", "tiny-plain", "tiny")
+    assert (job["mode"], job["model"], job["assistant"]) == ("auto", "tiny-plain", "tiny")
 
 
 def test_list_newest_first_paginated_and_filtered(client: TestClient) -> None:
@@ -404,8 +404,8 @@ def test_results_filtered_as_parquet_and_csv_safe(client: TestClient, api_settin
     assert parquet.headers["content-type"] == "application/vnd.apache.parquet"
     rows = pq.read_table(io.BytesIO(parquet.content)).to_pylist()
     assert [(r["id"], r["status"], r["mode"]) for r in rows] == [
-        ("=1+1", "done", "draft"),
-        ("two", "done", "draft"),
+        ("=1+1", "done", "auto"),
+        ("two", "done", "auto"),
     ]
     assert client.get(f"/v1/jobs/{job_id}/results", params={"status": "failed"}).text == ""
     safe = client.get(f"/v1/jobs/{job_id}/results", params={"format": "csv", "csv_safe": True}).text

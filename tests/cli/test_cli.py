@@ -48,7 +48,7 @@ def test_status(finished_job: str) -> None:
     output = CliRunner().invoke(main, ["status", finished_job[:6]]).output.splitlines()
     assert output[0] == f"job:       {finished_job}  (t)"
     assert output[1:3] == ["status:    completed", "items:     3 total, 3 done, 0 failed"]
-    assert output[4].endswith("(mode draft)")
+    assert output[4].endswith("(mode auto)")
 
 
 def test_results_jsonl_in_input_order(finished_job: str) -> None:
@@ -74,7 +74,7 @@ def test_results_csv_to_a_file(finished_job: str, tmp_path: Path) -> None:
 def test_stats(finished_job: str) -> None:
     lines = CliRunner().invoke(main, ["stats", finished_job]).output.splitlines()
     assert lines[0] == f"job:                     {finished_job}  (completed, 3/3 done)"
-    assert lines[1] == "mode:                    draft"
+    assert lines[1] == "mode:                    auto"
     assert lines[2] == "new tokens:              15"
 
 

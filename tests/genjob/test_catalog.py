@@ -48,16 +48,19 @@ def test_job_spec_defaults() -> None:
     assert (spec.model, spec.assistant, spec.mode, spec.max_new_tokens) == (
         "/m/target",
         "/m/draft",
-        "draft",
+        "auto",  # every proposer the job can have: its draft among them
         128,
     )
     plain = build_job_spec(SETTINGS, model="demo", mode="none", allow_paths=False)
     assert (plain.assistant, plain.mode) == (None, "none")
     lookup = build_job_spec(SETTINGS, model="demo", mode="prompt-lookup", allow_paths=False)
     assert (lookup.assistant, lookup.mode) == (None, "prompt-lookup")
-    assert build_job_spec(SETTINGS, model="small", allow_paths=False).mode == "none"
+    no_draft = build_job_spec(SETTINGS, model="small", allow_paths=False)
+    assert (no_draft.assistant, no_draft.mode) == (None, "auto")  # prompt lookup and the job's outputs
     named_draft = build_job_spec(SETTINGS, model="small", assistant="other", allow_paths=True)
-    assert (named_draft.assistant, named_draft.mode) == ("/m/o", "draft")
+    assert (named_draft.assistant, named_draft.mode) == ("/m/o", "auto")
+    draft = build_job_spec(SETTINGS, model="small", assistant="other", mode="draft", allow_paths=True)
+    assert (draft.assistant, draft.mode) == ("/m/o", "draft")
 
 
 def test_job_spec_errors_name_the_option() -> None:
@@ -83,7 +86,7 @@ def test_the_cli_accepts_a_name_from_the_allow_list(
         assert (job.model, job.assistant, job.mode, job.status) == (
             str(target),
             str(draft),
-            "draft",
+            "auto",
             "completed",
         )
 

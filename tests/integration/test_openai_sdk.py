@@ -137,7 +137,7 @@ def test_upload_create_poll_download_and_parse(service: str, pg_url: str) -> Non
         assert body.choices[0].text.startswith("echo: ")
         assert body.usage is not None and body.usage.completion_tokens_details is not None
         assert body.usage.completion_tokens_details.accepted_prediction_tokens == 0
-        assert line["response"]["body"]["genjob"]["mode"] == "none"
+        assert line["response"]["body"]["genjob"]["mode"] == "auto"
     errors = [json.loads(line) for line in sdk.files.content(ended.error_file_id).text.splitlines()]
     assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [("r2", "item_failed")]
     assert {f.purpose for f in sdk.files.list() if f.id in (ended.output_file_id, ended.error_file_id)} == {
