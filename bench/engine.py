@@ -349,7 +349,7 @@ def main() -> None:
                 differ,
             ]
             print("| " + " | ".join(cells) + " |", flush=True)
-        if batch == 8:
+        if batch == 8 and sampled_plain is not None:
             ratio = greedy_plain.tps / sampled_plain.tps
             print(f"#   B=8: sampled plain takes {ratio:.2f}x the time of greedy plain", flush=True)
     if args.json:
