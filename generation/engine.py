@@ -3,7 +3,8 @@ sampled, rows joining as others leave (continuous batching). Token ids in, token
 
 A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched):
   1. choose k (``choose_draft_length``: the most expected tokens per second from the measured
-     costs at this B and each row's acceptance so far; 0 = plain decoding);
+     costs at this B and each row's acceptance so far, in mode auto its acceptance with the proposer
+     chosen for it this round, ``ProposerMix.row_acceptance``; 0 = plain decoding);
   2. the proposer guesses up to k tokens per row (none when k = 0);
   3. the target verifies [pending, d_1..d_k] of every row in one forward, (B, k+1) → logits;
   4. ``verify_drafts`` keeps a_r drafts and one target token per row (one host sync per round:
