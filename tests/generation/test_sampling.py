@@ -71,6 +71,41 @@ def test_the_acceptance_rule_emits_the_targets_distribution(k: int) -> None:
     assert pairs.sum() > 1000
 
 
+def test_rows_of_different_proposers_in_one_call_each_emit_the_targets_distribution() -> None:
+    """Mode auto's batches: in one call, rows whose drafts were sampled from q, rows with a fixed guess
+    (prompt lookup, the suffix cache: a one-hot q) and rows drafting nothing (limit 0). Each kind's
+    first token and second token must follow p."""
+    n, v, k = 60000, 5, 2
+    p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4])
+    seeds = torch.arange(n)
+    kind = seeds % 3  # 0: sampled from q, 1: a fixed guess, 2: no drafts
+    sampling = RowSampling(temperature=torch.ones(n), top_p=torch.ones(n), seeds=seeds)
+    u = keyed_uniforms(seeds, torch.arange(k)[None].expand(n, k) + 10_000, 1)
+    sampled = torch.searchsorted(q.double().cumsum(0), u * q.sum()).clamp(max=v - 1)  # (n, k)
+    guess = torch.tensor([1, 4]).expand(n, k)  # a plausible first token, then the target's least likely
+    drafts = torch.where((kind == 1)[:, None], guess, sampled)
+    draft_probs = torch.where(
+        (kind == 1)[:, None, None],
+        torch.nn.functional.one_hot(drafts, v).float(),
+        q[None, None].expand(n, k, v),
+    )
+    limits = torch.where(kind == 2, 0, k)
+    logits = p.log()[None, None].expand(n, k + 1, v)
+    verdict = verify_drafts(logits, drafts, draft_probs, limits, sampling, torch.zeros(n, dtype=torch.long))
+    first = torch.where(verdict.accepted > 0, drafts[:, 0], verdict.next_tokens)
+    second = torch.where(verdict.accepted > 1, drafts[:, 1], verdict.next_tokens)
+    for each in range(3):
+        rows = kind == each
+        assert chi_square(torch.bincount(first[rows], minlength=v).double(), p.double()) < CHI2_999[4]
+        two = rows & (verdict.accepted >= 1)  # rows whose second token came from this round
+        if each == 2:
+            assert not two.any()  # a row drafting nothing emits one token
+            continue
+        assert chi_square(torch.bincount(second[two], minlength=v).double(), p.double()) < CHI2_999[4]
+    assert int((verdict.accepted[kind == 1] > 0).sum()) > 1000  # the fixed guess was often kept
+
+
 def test_greedy_rows_accept_exactly_the_targets_argmax() -> None:
     logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]]])  # argmaxes 1, 0, 2
     sampling = RowSampling(torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.long), all_greedy=True)
