@@ -43,17 +43,16 @@ echo "==> stats side by side (genjob stats $grounded; genjob stats $open_ended)"
 import re, subprocess, sys
 left, right = (subprocess.run([".venv/bin/genjob", "stats", job], capture_output=True, text=True, check=True)
                .stdout.splitlines() for job in sys.argv[1:])
-# Each figure without its explanation ("  (…)" or "  vs …": genjob stats gives it), in columns as wide
-# as the grounded job's figures.
-# A proposer's line ("874 row-rounds, 2151 proposed, 1587 accepted (73.8%), 344 rejections") shortened.
 def figure(line):
+    """A stats line's figure without its explanation ("  (…)" or "  vs …": genjob stats gives it); a
+    proposer's "874 row-rounds, 2151 proposed, 1587 accepted (73.8%), 344 rejections" shortened."""
     value = re.split(r"  (?=\(|vs )", line.partition(":")[2].strip())[0]
     counts = re.fullmatch(r"(\d+) row-rounds, (\d+) proposed, (\d+) accepted (\(.*\)), \d+ rejections", value)
     return f"{counts[3]}/{counts[2]} accepted {counts[4]}, {counts[1]} row-rounds" if counts else value
 pairs = [dict((line.partition(":")[0], figure(line)) for line in side) for side in (left, right)]
 labels = list(pairs[0]) + [label for label in pairs[1] if label not in pairs[0]]  # mode auto: by proposer
 labels = [label for label in labels if label != "costs"]  # long lines: see genjob stats
-width = max(len(pairs[0].get(label, "-")) for label in labels) + 3
+width = max(len(pairs[0].get(label, "-")) for label in labels) + 3  # the grounded job's column
 print(f"{'':<24} {'grounded (rewrite)':<{width}} open-ended (write)")
 for label in labels:
     print(f"{label + ':':<24} {pairs[0].get(label, '-'):<{width}} {pairs[1].get(label, '-')}")

@@ -39,6 +39,12 @@ def test_keyed_uniforms_depend_on_the_key_only() -> None:
     assert abs(float(many.mean()) - 0.5) < 0.01
 
 
+def drafts_from(q: torch.Tensor, seeds: torch.Tensor, k: int) -> torch.Tensor:
+    """(n, k) drafts sampled from q for each seeded row, with the rows' own keyed draws."""
+    u = keyed_uniforms(seeds, torch.arange(k)[None].expand(len(seeds), k) + 10_000, 1)
+    return torch.searchsorted(q.double().cumsum(0), u * q.sum()).clamp(max=len(q) - 1)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_the_acceptance_rule_emits_the_targets_distribution(k: int) -> None:
     """p and q fixed per position (the toy target ignores its prefix): the first emitted token and the
@@ -48,8 +54,7 @@ def test_the_acceptance_rule_emits_the_targets_distribution(k: int) -> None:
     q = torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4])  # a draft that prefers the target's unlikely tokens
     seeds = torch.arange(n)
     sampling = RowSampling(temperature=torch.ones(n), top_p=torch.ones(n), seeds=seeds)
-    u = keyed_uniforms(seeds, torch.arange(k)[None].expand(n, k) + 10_000, 1)  # the draft's own draws
-    drafts = torch.searchsorted(q.double().cumsum(0), u * q.sum()).clamp(max=v - 1)  # (n, k) from q
+    drafts = drafts_from(q, seeds, k)
     logits = p.log()[None, None].expand(n, k + 1, v)
     verdict = verify_drafts(
         logits,
@@ -81,8 +86,7 @@ def test_rows_of_different_proposers_in_one_call_each_emit_the_targets_distribut
     seeds = torch.arange(n)
     kind = seeds % 3  # 0: sampled from q, 1: a fixed guess, 2: no drafts
     sampling = RowSampling(temperature=torch.ones(n), top_p=torch.ones(n), seeds=seeds)
-    u = keyed_uniforms(seeds, torch.arange(k)[None].expand(n, k) + 10_000, 1)
-    sampled = torch.searchsorted(q.double().cumsum(0), u * q.sum()).clamp(max=v - 1)  # (n, k)
+    sampled = drafts_from(q, seeds, k)
     guess = torch.tensor([1, 4]).expand(n, k)  # a plausible first token, then the target's least likely
     drafts = torch.where((kind == 1)[:, None], guess, sampled)
     draft_probs = torch.where(
