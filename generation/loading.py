@@ -20,6 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from genjob.generation.attention import use_packed_attention
+from genjob.generation.forward import UnsupportedModel, attention_layout
+from genjob.generation.model_kinds import refusal_line
 from genjob.generation.model_source import ModelLoadError as ModelLoadError  # raised here, and re-exported
 from genjob.generation.model_source import local_checkpoint
 
@@ -51,7 +53,8 @@ def load_model(
     name_or_path: str, device: str = "cpu", dtype: str = "auto", *, cache_dir: str | None = None
 ) -> PreTrainedModel:
     """A causal LM in eval mode on ``device`` in ``dtype`` (see ``resolve_dtype``); a GGUF file is
-    loaded from its checkpoint in ``cache_dir`` (converted first if need be)."""
+    loaded from its checkpoint in ``cache_dir`` (converted first if need be). ``UnsupportedModel``
+    (a ``ModelLoadError``: the job's fault) for a model the batched forward cannot decode."""
     target = resolve_device(device)
     checkpoint = local_checkpoint(name_or_path, cache_dir)
     log.info("loading model %s on %s", name_or_path, target)
@@ -64,6 +67,10 @@ def load_model(
     loaded: Any = model  # transformers' to() and eval() are untyped
     ready = cast(PreTrainedModel, loaded.to(target).eval())
     use_packed_attention(ready)
+    try:
+        attention_layout(ready)  # found now: a model the batched forward cannot decode fails here
+    except UnsupportedModel as exc:
+        raise UnsupportedModel(refusal_line(name_or_path, str(exc))) from None
     if target.type == "cpu":
         lay_out_for_cpu(ready)
     return ready

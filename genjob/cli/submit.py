@@ -23,6 +23,7 @@ from genjob.cli.follow import follow_job, phases
 from genjob.cli.jobs import deadline, enqueue_or_explain
 from genjob.cli.options import job_options, option_values
 from genjob.formats.lines import InputFileError
+from genjob.generation.model_kinds import local_model_refusal
 from genjob.store.idempotency import MAX_KEY_CHARS, IdempotencyConflict
 from genjob.submit import Submitter, store_job
 
@@ -69,6 +70,10 @@ def submit(
         spec = job_spec(settings, options, allow_paths=True)
     except JobOptionsError as exc:
         raise click.ClickException(f"invalid job options: {exc}") from exc
+    for location in (spec.model, spec.assistant):
+        refusal = local_model_refusal(location) if location else None
+        if refusal is not None:  # a local model whose config genjob cannot decode: nothing is stored
+            raise click.ClickException(refusal)
     try:
         with phases(wait or settings.embedded) as phase:
             submitted = store_job(
