@@ -157,7 +157,7 @@ def bench_batch(check: Check, name: str, target: Any, draft: Any, batch: int, ar
         run |= {
             "tps": tokens / run["seconds"],
             "rounds": stats.rounds,
-            "tokens_per_round": stats.tokens / max(stats.rounds, 1),
+            "tokens_per_row_round": stats.tokens / max(stats.rows_sum, 1),
             "alpha": stats.accepted / tried if tried else None,
             "wall_ms_per_round": 1e3 * stats.seconds / max(stats.rounds, 1),
         }
@@ -169,7 +169,7 @@ def bench_batch(check: Check, name: str, target: Any, draft: Any, batch: int, ar
         alpha = "-" if run.get("alpha") is None else f"{run['alpha']:.2f}"
         device_ms = "-" if run["device_ms_per_round"] is None else f"{run['device_ms_per_round']:.2f}"
         same = f", rows = plain {run['same']}/{batch}" if "same" in run else ""
-        per_row = run["tokens_per_round"] / batch
+        per_row = run["tokens_per_row_round"]
         detail = (
             f"{per_row:.2f} tok/row-round, α {alpha}; a round {run['wall_ms_per_round']:.2f} ms wall, "
             f"{device_ms} ms device{same}"
@@ -179,7 +179,8 @@ def bench_batch(check: Check, name: str, target: Any, draft: Any, batch: int, ar
     def reference_rows(label: str, **options: Any) -> None:
         if options.get("cache_implementation") == "static":
             first = hf_generate(target, prompts, args.new, **options)  # compiles (CUDA): not counted
-            options_note = f"first call {first:.1f} s (compiling on CUDA), then"
+            compiling = " (compiling)" if device.type == "cuda" else ""
+            options_note = f"first call {first:.1f} s{compiling}, then"
         else:
             options_note = ""
         seconds = hf_generate(target, prompts, args.new, **options)
