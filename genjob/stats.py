@@ -14,7 +14,7 @@
   spent (prefill, bookkeeping) counts the same either way, except what only speculation spends
   (measuring costs, a lossless check's plain twins): that is the job's cost. With a 95 % interval
   from the spread of the plain rounds; none, and a note saying so, below ``MIN_PLAIN_ROUNDS`` plain
-  rounds or where less than ``MIN_COVERED`` of the drafted rounds' time has a plain pace in its bin;
+  rounds or where less than ``MIN_COVERED`` of the rounds' time has a plain pace in its bin;
 - tokens/s two ways: wall-clock (``elapsed_tokens_per_second``) = new tokens / (started → finished,
   or → now while it runs), what the job delivered, as the ``job_stats`` view has it; decoding
   (``tokens_per_second``) = new tokens / the items' generate seconds (each item's share of its
