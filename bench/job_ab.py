@@ -138,10 +138,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache", choices=("cold", "warm", "calibrated"), default="cold")
     parser.add_argument("--task", choices=task_prompts.TASKS, help="the real model on this task's lines")
+    parser.add_argument("--keep", type=Path, help="a directory to keep the jobs' database in (to inspect)")
     args = parser.parse_args()
     if args.task and args.cache == "calibrated":
         parser.error("--cache calibrated runs the demo pair only")
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as temporary:
+        scratch = str(args.keep) if args.keep else temporary
+        Path(scratch).mkdir(parents=True, exist_ok=True)
         lines = [json.loads(line) for line in args.prompts.read_text(encoding="utf-8").splitlines()]
         short = [{"prompt": line["prompt"]} for line in lines if len(line["prompt"]) < 600][: args.n]
         if args.task:
