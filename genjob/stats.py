@@ -134,6 +134,11 @@ def _round_seconds(paces: dict[int, _Pace]) -> Callable[[float], float]:
     return lambda rows: max(intercept + slope * rows, floor)
 
 
+def plain_rounds(job: Job) -> int:
+    """The job's plain rounds, probes and rounds that chose k = 0 alike (what its speedup rests on)."""
+    return round(sum(r.get("plain_rounds", 0.0) for r in by_rows(job.rounds_by_rows).values()))
+
+
 def speedup_by_rows(job: Job) -> Measured:
     """(plain decode time estimate + the rest of the busy time) / busy time, the plain estimate built
     row count by row count (the module's docstring)."""

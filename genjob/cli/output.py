@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from genjob.cli.errors import printable
-from genjob.stats import JobStats, job_stats
+from genjob.stats import JobStats, job_stats, plain_rounds
 from genjob.tables import Job
 
 
@@ -94,7 +94,10 @@ def _measured(job: Job, stats: JobStats) -> str:
         return text + (f"  ({stats.measured_speedup_note})" if stats.measured_speedup_note else "")
     if stats.measured_speedup_low is not None and stats.measured_speedup_high is not None:
         text += f" (95% {stats.measured_speedup_low:.2f}-{stats.measured_speedup_high:.2f})"
-    return text + f"  vs plain rounds of the same row count: {job.probe_rounds} plain probe rounds"
+    return text + (
+        f"  vs plain rounds of the same row count: {plain_rounds(job)} plain rounds"
+        f" ({job.probe_rounds} plain probe rounds)"
+    )
 
 
 def _costs(job: Job) -> str:
