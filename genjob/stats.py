@@ -61,7 +61,7 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 MIN_PLAIN_ROUNDS = 4  # fewer plain rounds in the job: no measured speedup ("too few probe rounds")
-MIN_COVERED = 0.5  # nor where less of the drafted rounds' seconds have a plain pace in their bin
+MIN_COVERED = 0.5  # nor where less of the rounds' seconds have a plain pace in their row count's bin
 
 
 @dataclass(frozen=True)
@@ -154,11 +154,9 @@ def speedup_by_rows(job: Job) -> Measured:
         )
         for b, r in rounds.items()
     }
-    plain_rounds = sum(pace.rounds for pace in exact.values())
-    if plain_rounds < MIN_PLAIN_ROUNDS:
-        return Measured(
-            None, note=f"too few probe rounds ({plain_rounds:.0f} plain, {MIN_PLAIN_ROUNDS} needed)"
-        )
+    n_plain = sum(pace.rounds for pace in exact.values())
+    if n_plain < MIN_PLAIN_ROUNDS:
+        return Measured(None, note=f"too few probe rounds ({n_plain:.0f} plain, {MIN_PLAIN_ROUNDS} needed)")
     binned: dict[int, _Pace] = {}
     for b, pace in exact.items():
         binned.setdefault(_bin(b), _Pace()).add(pace)
