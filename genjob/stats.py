@@ -7,14 +7,15 @@
 - measured speedup = the job's tokens/s ÷ plain tokens/s on the same workers, at the same batch size
   (``speedup_by_rows``): the job's rounds are grouped by their row count B; the plain rounds among
   them (every ``1/F``-th round a probe, and the rounds that chose k = 0: the same work) give the plain
-  seconds per token at that B, or pooled over B's bin [2^j, 2^(j+1)) where B has none; the job's
-  output tokens of that B times it estimate what plain decoding would have spent on them (a ragged
-  tail's rounds of one row are set against plain rounds of one row, and weigh what they took). Rows B
-  without a plain pace in its bin count at the speedup of those with one. Everything else the workers
-  spent (prefill, bookkeeping) counts the same either way, except what only speculation spends
-  (measuring costs, a lossless check's plain twins): that is the job's cost. With a 95 % interval
-  from the spread of the plain rounds; none, and a note saying so, below ``MIN_PLAIN_ROUNDS`` plain
-  rounds or where less than ``MIN_COVERED`` of the rounds' time has a plain pace in its bin;
+  seconds per token at that B where it has ``MIN_PACE_ROUNDS`` of them, else pooled over B's bin
+  [2^j, 2^(j+1)) and moved to B along a line a + c·B fitted to every plain round's time, else that line
+  itself; the job's output tokens of that B times it estimate what plain decoding would have spent on
+  them (a ragged tail's rounds of one row are set against plain rounds of one row, and weigh what they
+  took). Everything else the workers spent (prefill, bookkeeping) counts the same either way, except
+  what only speculation spends (measuring costs, a lossless check's plain twins: their tokens are no
+  output): that is the job's cost. With a 95 % interval from the spread of the plain rounds; none, and
+  a note saying so, below ``MIN_PLAIN_ROUNDS`` plain rounds or where less than ``MIN_COVERED`` of the
+  rounds' time has a pace of its row count or bin (the rest on the line alone);
 - tokens/s two ways: wall-clock (``elapsed_tokens_per_second``) = new tokens / (started → finished,
   or → now while it runs), what the job delivered, as the ``job_stats`` view has it; decoding
   (``tokens_per_second``) = new tokens / the items' generate seconds (each item's share of its
@@ -61,6 +62,7 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 MIN_PLAIN_ROUNDS = 4  # fewer plain rounds in the job: no measured speedup ("too few probe rounds")
+MIN_PACE_ROUNDS = 3  # a row count's (or its bin's) own plain pace rests on at least this many rounds
 MIN_COVERED = 0.5  # nor where less of the rounds' seconds have a plain pace in their row count's bin
 
 
@@ -161,27 +163,30 @@ def speedup_by_rows(job: Job) -> Measured:
     for b, pace in exact.items():
         binned.setdefault(_bin(b), _Pace()).add(pace)
     round_seconds = _round_seconds(exact)
+    overall = _Pace()
+    for pace in exact.values():
+        overall.add(pace)
     covered = uncovered = plain = 0.0
     estimates: dict[int, tuple[_Pace, float]] = {}  # id of the pace used: (it, the estimate it made)
     for b, r in rounds.items():
-        pace = exact[b] if exact[b].tokens else binned[_bin(b)]
-        if not pace.tokens:
+        pace = exact[b] if exact[b].rounds >= MIN_PACE_ROUNDS else binned[_bin(b)]
+        if pace.rounds < MIN_PACE_ROUNDS:  # too few in its bin too: the line through every plain round
+            pace, per_token = overall, round_seconds(b) / b
             uncovered += r.get("seconds", 0.0)
-            continue
-        per_token = pace.per_token
-        if pace is not exact[b]:  # the bin's pace at its mean row count, moved along the fitted line
+        else:
+            per_token = pace.per_token
+            covered += r.get("seconds", 0.0)
+        if pace is not exact[b] and pace is not overall:  # the bin's pace moved along the line to B
             mean_rows = pace.tokens / pace.rounds
             per_token *= round_seconds(b) / round_seconds(mean_rows) * mean_rows / b
         estimate = r.get("tokens", 0.0) * per_token
-        covered += r.get("seconds", 0.0)
         plain += estimate
         estimates[id(pace)] = (pace, estimates.get(id(pace), (pace, 0.0))[1] + estimate)
     if not covered or covered < MIN_COVERED * (covered + uncovered):
         return Measured(None, note="too few probe rounds at the job's batch sizes")
-    scale = (covered + uncovered) / covered  # rows without a plain pace: at the covered ones' speedup
 
     def measured(plain_estimate: float) -> float:
-        return (job.busy_seconds - job.decode_seconds + plain_estimate * scale) / job.busy_seconds
+        return (job.busy_seconds - job.decode_seconds + plain_estimate) / job.busy_seconds
 
     spreads = [pace.relative_variance for pace, _ in estimates.values()]
     known = [rv for rv in spreads if rv is not None]

@@ -144,3 +144,31 @@ def test_engine_stats_by_rows_split_plain_and_drafted_and_reset_on_take() -> Non
     assert taken.by_rows["3:rounds"] == 2 and taken.by_rows["3:plain_rounds"] == 1
     assert taken.by_rows["3:tokens"] == 2 + 6 and taken.by_rows["3:plain_tokens"] == 3
     assert stats.by_rows == {}
+
+
+def test_a_single_plain_round_caught_in_a_load_spike_does_not_set_its_row_counts_pace() -> None:
+    """Rows of 6 with one plain round of their own, three times as slow as it should be (the machine
+    was busy): fewer than 3 rounds set no pace; the line through every plain round does."""
+    stats = EngineStats()
+    for _ in range(10):
+        plain_round(stats, 8)
+        plain_round(stats, 1)
+    stats.round(
+        batch=6,
+        k=0,
+        probe=True,
+        tokens=6,
+        seconds=3 * PLAIN_ROUND_S[6],
+        proposed=0,
+        accepted=0,
+        rejections=6,
+        drafts=[0] * 6,
+    )
+    for _ in range(10):
+        drafted_round(stats, 6, tokens_per_row=2.0)
+    for _ in range(30):
+        drafted_round(stats, 8, tokens_per_row=2.0)
+    measured = speedup_by_rows(job_from(stats))
+    assert measured.speedup is not None
+    tokens = {8: 8.0 * 10 + 30 * 16, 1: 10.0, 6: 6.0 + 10 * 12}
+    assert abs(measured.speedup / truth(stats, tokens=tokens) - 1) < 0.05
