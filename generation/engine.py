@@ -279,7 +279,7 @@ class Engine:
         if self.proposer is not None:
             self.proposer.advance(rows, old_lengths, accepted, k)
         seconds = time.perf_counter() - started
-        new_tokens = round_accepted = round_rejections = 0
+        new_tokens = round_accepted = round_rejections = check_tokens = 0
         for row, line, limit in zip(rows, host, limits, strict=True):
             a, token, rejected, guesses = line[0], line[1], line[2], line[3:]
             new = [*guesses[:a], token]
@@ -296,6 +296,8 @@ class Engine:
             gained = self._extend(row, new)
             stats.accepted += max(0, gained - 1)
             new_tokens += max(0, gained)
+            if row.request.draft_limit == 0 and self.proposer is not None:  # a plain twin, a check
+                check_tokens += max(0, gained)
         self.stats.round(
             batch=b,
             k=k,
@@ -306,6 +308,7 @@ class Engine:
             accepted=round_accepted,
             rejections=round_rejections,
             drafts=limits,
+            check_tokens=check_tokens,
         )
         if not probe and self.costs is not None:
             self.costs.observe(b, k, seconds)

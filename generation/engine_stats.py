@@ -1,8 +1,12 @@
 """What the engine measured: rounds by draft length, plain probe rounds, prefill, per-row acceptance.
 
 The worker takes these per chunk (``take``) and adds them to the job's sums, from which the job's
-measured speedup (plain probe rounds vs the rounds the job really ran, same batch, same worker),
-γ histogram and mean batch size are computed. Must not know: the database, Celery, HTTP, the core.
+measured speedup, γ histogram and mean batch size are computed. The measured speedup compares rounds
+of the same row count (``by_rows``, flat keys ``B:field``): every round's seconds and the output
+tokens it made (a lossless check's plain twin rows excluded: a plain job would not decode them), and
+apart, the plain rounds (k = 0: probe rounds and rounds that chose k = 0 alike, the same work) with
+their tokens, seconds and Σ (seconds per token)² for an interval (``genjob.stats``).
+Must not know: the database, Celery, HTTP, the core.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class EngineStats:
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
     oom_events: int = 0
+    # by row count B, flat keys ``B:field`` (``BY_ROWS_FIELDS``): what the measured speedup compares
+    by_rows: dict[str, float] = field(default_factory=dict)
     # lifetime acceptance (never reset by ``take``): the prior of new rows
     successes_total: int = 0
     failures_total: int = 0
@@ -53,7 +59,21 @@ class EngineStats:
         accepted: int,
         rejections: int,
         drafts: list[int],
+        check_tokens: int = 0,
     ) -> None:
+        """One round of ``batch`` rows; ``check_tokens``: those of its tokens that went to rows decoded
+        only to check the job's output (a lossless check's plain twins), not to the job's output."""
+        added = {"rounds": 1.0, "seconds": seconds, "tokens": float(tokens - check_tokens)}
+        if k == 0:  # a plain round (a probe, or k = 0 chosen): the plain pace at this row count
+            added |= {
+                "plain_rounds": 1.0,
+                "plain_tokens": float(tokens),
+                "plain_seconds": seconds,
+                "plain_sq": (seconds / max(tokens, 1)) ** 2,
+            }
+        for name, value in added.items():
+            key = f"{batch}:{name}"
+            self.by_rows[key] = self.by_rows.get(key, 0.0) + value
         self.rounds += 1
         self.rows_sum += batch
         self.tokens += tokens
@@ -82,6 +102,7 @@ class EngineStats:
         taken = EngineStats(**{f.name: getattr(self, f.name) for f in fields(self)})
         taken.gamma_hist = Counter(self.gamma_hist)
         taken.drafts_hist = Counter(self.drafts_hist)
+        taken.by_rows = dict(self.by_rows)
         for f in fields(self):
             if f.name not in ("successes_total", "failures_total"):
                 setattr(self, f.name, type(getattr(self, f.name))())

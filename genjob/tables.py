@@ -32,6 +32,10 @@ from genjob.table_base import Base as Base
 from genjob.table_base import BigId, Json
 from genjob.table_base import utcnow as utcnow
 
+ROUNDS_BY_ROWS = (
+    "Rounds by their row count B, flat keys B:field: rounds, seconds, output tokens, and of the plain "
+    "rounds among them plain_rounds, plain_tokens, plain_seconds, plain_sq (the measured speedup)."
+)
 PROPOSER_COUNTS = (
     "Mode auto, per proposer: rounds it drafted for a row, tokens it proposed, accepted, rejections "
     "({'draft:rounds': n, 'draft:proposed': n, …})."
@@ -108,6 +112,7 @@ class Job(Base):
         Json, comment="Row-rounds by the drafts the row had (m ≤ k)."
     )
     proposer_counts: Mapped[dict[str, int] | None] = mapped_column(Json, comment=PROPOSER_COUNTS)
+    rounds_by_rows: Mapped[dict[str, float] | None] = mapped_column(Json, comment=ROUNDS_BY_ROWS)
     costs: Mapped[dict[str, Any] | None] = mapped_column(
         Json, comment="Forward costs measured on a worker (ms)."
     )

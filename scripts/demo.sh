@@ -6,7 +6,7 @@
 # whichever pays; the model has no draft model): an input-grounded one (rewrite:
 # functions rewritten with type hints, the output copies the prompt) and an open-ended one (write: short
 # paragraphs, nothing to copy). A few outputs of each, then their stats side by side: the measured speedup
-# is against plain decoding at the same batch size, from the job's own plain probe rounds.
+# is against plain decoding at the same batch size, from the job's own plain rounds of the same row count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh

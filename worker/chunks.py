@@ -71,6 +71,7 @@ def measurements(
         drafts_hist=dict(stats.drafts_hist),
         draft_tokens=draft_tokens,
         proposer_counts=dict(proposer_counts or {}),
+        rounds_by_rows=dict(stats.by_rows),
     )
 
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from genjob.cli.errors import printable
-from genjob.stats import JobStats, job_stats
+from genjob.stats import JobStats, job_stats, plain_rounds
 from genjob.tables import Job
 
 
@@ -91,10 +91,13 @@ def _histogram(stored: dict[str, int] | None) -> str:
 def _measured(job: Job, stats: JobStats) -> str:
     text = fmt_float(stats.measured_speedup, "{:.2f}x")
     if stats.measured_speedup is None:
-        return text
+        return text + (f"  ({stats.measured_speedup_note})" if stats.measured_speedup_note else "")
     if stats.measured_speedup_low is not None and stats.measured_speedup_high is not None:
         text += f" (95% {stats.measured_speedup_low:.2f}-{stats.measured_speedup_high:.2f})"
-    return text + f"  vs plain at the same batch size: {job.probe_rounds} plain probe rounds"
+    return text + (
+        f"  vs plain rounds of the same row count: {plain_rounds(job)} plain rounds"
+        f" ({job.probe_rounds} plain probe rounds)"
+    )
 
 
 def _costs(job: Job) -> str:

@@ -297,17 +297,20 @@ class ChunkMeasurements:
     draft_tokens: int | None  # the draft length the engine ended the chunk with
     drafts_hist: dict[int, int] = field(default_factory=dict)  # row-rounds by the drafts the row had
     proposer_counts: dict[str, int] = field(default_factory=dict)  # mode auto: ``name:field`` -> count
+    rounds_by_rows: dict[str, float] = field(default_factory=dict)  # ``B:field`` (``EngineStats.by_rows``)
 
 
-HISTOGRAMS = ("gamma_hist", "drafts_hist", "proposer_counts")  # merged key by key (``merged``)
+HISTOGRAMS = ("gamma_hist", "drafts_hist", "proposer_counts", "rounds_by_rows")  # merged key by key
 SUMS = tuple(  # the job's columns a chunk's measurements add to
     f.name for f in fields(ChunkMeasurements) if f.name not in (*HISTOGRAMS, "draft_tokens")
 )
 
 
-def merged(hist: dict[str, int] | None, more: dict[int, int] | dict[str, int]) -> dict[str, int]:
+def merged(
+    hist: dict[str, Any] | None, more: dict[int, int] | dict[str, int] | dict[str, float]
+) -> dict[str, Any]:
     """A stored histogram (JSON: string keys) plus a chunk's, key by key."""
-    total = dict(hist or {})
+    total: dict[str, Any] = dict(hist or {})
     for key, n in more.items():
         total[str(key)] = total.get(str(key), 0) + n
     return total

@@ -119,9 +119,11 @@ def open_chunk(
 
 
 def _merged(column: str) -> str:
-    """The job's histogram plus the chunk's (parameter ``:column``), key by key ({} once recorded)."""
+    """The job's histogram plus the chunk's (parameter ``:column``), key by key ({} once recorded);
+    counts as integers, ``rounds_by_rows`` (seconds among them) as floats."""
+    number = "double precision" if column == "rounds_by_rows" else "bigint"
     return f"""coalesce((SELECT jsonb_object_agg(k, n) FROM (
-        SELECT key AS k, sum(CAST(value AS bigint)) AS n FROM (
+        SELECT key AS k, sum(CAST(value AS {number})) AS n FROM (
             SELECT * FROM jsonb_each_text(coalesce(jobs.{column}, '{{}}'))
             UNION ALL SELECT * FROM jsonb_each_text(CAST(:{column} AS jsonb))) AS both_hists
         GROUP BY key) AS merged), '{{}}')"""

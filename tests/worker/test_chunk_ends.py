@@ -60,6 +60,7 @@ def measured(busy: float = 0.5, hist: dict[int, int] | None = None) -> store.Chu
         gamma_hist=hist if hist is not None else {2: 3, 4: 1},
         draft_tokens=4,
         drafts_hist={m: 2 * n for m, n in (hist if hist is not None else {2: 3, 4: 1}).items()} | {0: 1},
+        rounds_by_rows={"3:rounds": 3.0, "3:seconds": 0.1875, "3:plain_rounds": 1.0, "1:seconds": 0.0625},
     )
 
 
@@ -178,6 +179,8 @@ def test_close_writes_the_last_group_lets_go_and_adds_what_was_measured_as_recor
         assert getattr(job, name) == getattr(expected, name), name
     assert job.gamma_hist == {"2": 3, "4": 3, "6": 1} and closed.gamma_hist == job.gamma_hist
     assert job.drafts_hist == {"0": 2, "2": 6, "4": 6, "6": 2} and closed.drafts_hist == job.drafts_hist
+    # rounds by row count: seconds among them, summed as floats
+    assert job.rounds_by_rows == {"3:rounds": 6, "3:seconds": 0.375, "3:plain_rounds": 2, "1:seconds": 0.125}
     assert (job.done, job.new_tokens, job.generate_seconds) == (2, 2, pytest.approx(0.2))
     with session_scope(pg_url) as session:
         rows = {

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from genjob.cli import main
 from genjob.db import session_scope
+from genjob.stats import by_rows
 from genjob.tables import Job, Result
 from tests.support.models import build_model, build_tokenizer
 from tests.support.prompts import write_jsonl
@@ -54,6 +55,10 @@ def test_job_aggregates_are_the_sums_of_its_items(embedded_env: str, tiny_pair, 
         assert job.probe_rounds > 0 and job.probe_tokens > 0 and job.busy_seconds > job.decode_seconds > 0
         assert job.decode_tokens > job.new_tokens - len(PROMPTS)  # and the twins' tokens, but prefills'
         assert sum(job.gamma_hist.values()) == job.decode_rounds - job.probe_rounds
+        by_b = by_rows(job.rounds_by_rows)  # rounds by row count: what the measured speedup compares
+        assert sum(r["rounds"] for r in by_b.values()) == job.decode_rounds and max(by_b) <= 3
+        assert sum(r.get("plain_rounds", 0) for r in by_b.values()) >= job.probe_rounds
+        assert sum(r["tokens"] for r in by_b.values()) < job.decode_tokens  # the twins' are no output
         assert 0 < sum(job.drafts_hist.values()) <= job.decode_rows  # row-rounds, probes' rows not counted
         assert max(int(m) for m in job.drafts_hist) <= max(int(k) for k in job.gamma_hist)
         assert job.cost_ratio is not None and job.cost_ratio > 0
