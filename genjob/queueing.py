@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from genjob import store
 from genjob.constants import BROKER_MARK_KEY, TASK_GENERATE_CHUNK
 from genjob.db import run_transaction, session_scope
+from genjob.redaction import mask_text, mask_url
 from genjob.settings import Settings
 from genjob.store import leases
 from genjob.tables import utcnow
@@ -45,7 +46,15 @@ PRIORITY_BY_CHUNK = ((0, 0), (1, 3), (4, 6), (16, 9))
 
 
 class BrokerUnavailable(RuntimeError):
-    """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry."""
+    """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry.
+
+    Its message names the broker and the reason with the password masked (``mask_url``), for the
+    CLI's user and the server's log; an API client gets neither (``job_id`` alone)."""
+
+    def __init__(self, job_id: str, broker_url: str, reason: object) -> None:
+        broker, why = mask_url(broker_url), mask_text(str(reason))
+        super().__init__(f"job {job_id} is stored but could not be queued on {broker}: {why}")
+        self.job_id = job_id
 
 
 def broker_mark_key(database_url: str) -> str:
@@ -153,9 +162,7 @@ def publish_ranges(
             if on_batch is not None and batch_stop is not None:
                 on_batch(batch_stop)
     except (OperationalError, redis.RedisError, ConnectionError) as exc:
-        raise BrokerUnavailable(
-            f"job {job_id} is stored but could not be queued on {app.conf.broker_url}: {exc}"
-        ) from exc
+        raise BrokerUnavailable(job_id, str(app.conf.broker_url), exc) from exc
     return sent
 
 
