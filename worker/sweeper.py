@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass
 
 from celery import Celery, bootsteps
+from sqlalchemy import select
 
 from genjob import store
 from genjob.db import run_transaction
@@ -40,6 +41,9 @@ from genjob.queueing import (  # noqa: F401  # re-exported: the marker's key and
     recover_lost_queues,
 )
 from genjob.store import leases
+from genjob.tables import Job
+from genjob.worker.leasing import worker_name
+from genjob.worker.metrics import note_swept_items
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +84,25 @@ class Sweeper:
         return report
 
     def _requeue_expired_leases(self, session) -> int:
-        """Queue again, before the reset commits, the items whose workers died (or failed holding them)."""
-        reclaimed = leases.reclaim_expired_leases(session, max_attempts=self.settings.max_attempts)
+        """Queue again, before the reset commits, the items whose workers died (or failed holding them);
+        count them (retried) and those out of tries (failed) in this worker's metrics, by model."""
+        gave_up: dict[str, int] = {}
+        reclaimed = leases.reclaim_expired_leases(
+            session, max_attempts=self.settings.max_attempts, gave_up_counts=gave_up
+        )
         for job_id, (queue, seqs) in reclaimed.items():
             log.warning("job %s: %d items lost with their worker, queued again", job_id, len(seqs))
             ranges = store.seq_runs(seqs, self.settings.chunk_size)
             publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
+        if reclaimed or gave_up:
+            jobs = {
+                job_id: (model, queue, str(mode))
+                for job_id, model, queue, mode in session.execute(
+                    select(Job.id, Job.model, Job.queue, Job.mode).where(Job.id.in_([*reclaimed, *gave_up]))
+                )
+            }
+            retried = {job_id: len(seqs) for job_id, (_, seqs) in reclaimed.items()}
+            note_swept_items(jobs, worker=worker_name(), retried=retried, failed=gave_up)
         return sum(len(seqs) for _, seqs in reclaimed.values())
 
     def _finish_stalled_queueing(self) -> int:

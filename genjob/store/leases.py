@@ -207,8 +207,10 @@ def reclaim_expired_leases(
     job_id: str | None = None,
     max_attempts: int | None = None,
     limit: int = 10_000,
+    gave_up_counts: dict[str, int] | None = None,
 ) -> dict[str, tuple[str, list[int]]]:
-    """Take back open items whose lease ran out (their worker died): {job id: (queue, their seqs)}.
+    """Take back open items whose lease ran out (their worker died): {job id: (queue, their seqs)};
+    ``gave_up_counts``, where given, gets how many items of each job failed for good here (out of tries).
 
     Items of live jobs go back to pending, unleased, for the caller to queue again before it
     commits (if the commit is lost, the leases are still expired and a claim takes them anyway);
@@ -266,6 +268,8 @@ def reclaim_expired_leases(
             )
         )
         session.execute(update(Job).where(Job.id == failed_job).values(failed=Job.failed + len(ids)))
+        if gave_up_counts is not None:
+            gave_up_counts[failed_job] = gave_up_counts.get(failed_job, 0) + len(ids)
     if back:
         session.execute(
             update(Item)
