@@ -28,7 +28,8 @@ def main(verbose: int) -> None:
 
     Exit codes: 0 done; 1 an error (its message says what to fix); 2 a usage
     error; 3 a job ended with failed items; 4 a job was cancelled or expired;
-    5 `wait --timeout` ran out; 130 interrupted.
+    5 `wait --timeout` ran out; 130 interrupted; 141 its output was closed
+    early (`| head`: it stops quietly).
     """
     install_log_masking()  # every log line and traceback of this process: no password (genjob.redaction)
     install_excepthook()

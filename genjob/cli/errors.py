@@ -4,7 +4,8 @@ Every message is masked (``genjob.redaction``: no password of any URL). A bad ``
 the variable and what it should be (a URL's password masked); a database that cannot be reached names
 the URL (password masked) and the variable to check; a broker URL kombu has no transport for names the
 variable; any error from the OS (a file that cannot be read or written, a full or
-read-only disk, a refused connection) names the file, if any, and why; Ctrl-C stops with exit 130.
+read-only disk, a refused connection) names the file, if any, and why; Ctrl-C stops with exit 130; a
+closed stdout (``genjob results JOB | head -1``) stops quietly with exit 141, as ``yes | head`` does.
 Every message reaches the terminal with its control characters escaped (``printable``), so an id
 or a file name carrying escape sequences cannot drive the terminal. Bugs still raise: only these
 classes of error are caught.
@@ -88,7 +89,12 @@ class GenjobGroup(LazyGroup):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            done = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+            return done
+        except BrokenPipeError:
+            _quiet_closed_pipe()
+            ctx.exit(ExitCode.CLOSED_PIPE)
         except click.ClickException as exc:
             # escaped and masked in place, the same exception
             exc.message = printable(mask_text(exc.message))  # type: ignore[misc]
@@ -101,6 +107,18 @@ class GenjobGroup(LazyGroup):
             if message is None:
                 raise
             raise click.ClickException(printable(mask_text(message))) from exc
+
+
+def _quiet_closed_pipe() -> None:
+    """The reader of stdout went away (``| head -1``): stop quietly; what is left unflushed goes to
+    /dev/null, so the interpreter's exit does not complain about it either."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file behind stdout (a test's capture)
+        pass
 
 
 def _database_url() -> str:
