@@ -181,7 +181,9 @@ def get_job(job: JobDep) -> JobOut:
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", responses=error_responses(404, 409))
 def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
-    """No new items start; the item in flight finishes and is kept. 409 if the job already ended."""
+    """Nothing new starts and what finished is kept: pending items are cancelled, and the rows in flight
+    leave their worker's batch within about a second and end cancelled too (they do not run to their
+    end). 409 if the job already ended."""
     if not store.cancel_job(session, job=job):
         raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
     session.commit()  # before the answer: the client's next read must see it

@@ -108,7 +108,11 @@ def stats(job_id: str, as_json: bool) -> None:
 @click.command()
 @job_reference
 def cancel(job_id: str) -> None:
-    """Cancel a job: no new items start; the item in flight finishes and is kept."""
+    """Cancel a job: nothing new starts, what finished is kept.
+
+    Pending items are cancelled; the rows in flight leave their worker's batch
+    within about a second and end cancelled too (they do not run to their end).
+    """
     settings = settings_and_schema()
     job = load_job(settings, job_id)
     with session_scope(settings.database_url) as session:
