@@ -125,7 +125,7 @@ def _queue_pending_of_live_jobs(
             sent[job_id] = publish_ranges(app, job_id=job_id, queue=queue, ranges=ranges)
     if any(sent.values()):
         log.warning(
-            "the broker had lost its queues (no %s): queued %d chunks of %d jobs again",
+            "the broker had lost its queues (no %s): queued %d chunks again (of %d jobs)",
             BROKER_MARK_KEY,
             sum(sent.values()),
             sum(1 for count in sent.values() if count),

@@ -62,6 +62,19 @@ class SweepReport:
     ended_jobs: int = 0
 
 
+def reclaimed_words(count: int, handed_back: int) -> str:
+    """``3 items lost with their worker (their leases ran out) and 2 handed back by a stopping or
+    failing worker``: what a sweep queues again, by why."""
+    lost = count - handed_back
+    parts = []
+    if lost:
+        parts.append(f"{lost} item{'s' * (lost != 1)} lost with their worker (leases ran out unrenewed)")
+    if handed_back:
+        noun = "item" if handed_back == 1 else "items"
+        parts.append(f"{handed_back} {noun} handed back by a stopping or failing worker")
+    return " and ".join(parts)
+
+
 class Sweeper:
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -87,11 +100,13 @@ class Sweeper:
         """Queue again, before the reset commits, the items whose workers died (or failed holding them);
         count them (retried) and those out of tries (failed) in this worker's metrics, by model."""
         gave_up: dict[str, int] = {}
+        handed_back: dict[str, int] = {}
         reclaimed = leases.reclaim_expired_leases(
-            session, max_attempts=self.settings.max_attempts, gave_up_counts=gave_up
+            session, max_attempts=self.settings.max_attempts, gave_up_counts=gave_up, handed_back=handed_back
         )
         for job_id, (queue, seqs) in reclaimed.items():
-            log.warning("job %s: %d items lost with their worker, queued again", job_id, len(seqs))
+            words = reclaimed_words(len(seqs), handed_back.get(job_id, 0))
+            log.warning("job %s: %s, queued again", job_id, words)
             ranges = store.seq_runs(seqs, self.settings.chunk_size)
             publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
         if reclaimed or gave_up:

@@ -85,7 +85,7 @@ def test_a_sweep_on_a_fresh_database_and_broker_says_nothing_and_finishes_what_i
 
 
 def test_a_sweep_counts_lost_items_retried_and_exhausted_ones_failed_by_model(
-    blank_pg_url: str, queue_name: str
+    blank_pg_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from prometheus_client import REGISTRY
 
@@ -111,8 +111,15 @@ def test_a_sweep_counts_lost_items_retried_and_exhausted_ones_failed_by_model(
                 .values(status="running", claimed_by="dead/1", lease_expires_at=lapsed, attempts=1)
             )
             session.execute(update(Item).where(Item.job_id == job.id, Item.seq < 2).values(attempts=3))
+            # handed back by a stopping worker: pending, its lease ended on purpose
+            session.execute(update(Item).where(Item.job_id == job.id, Item.seq == 5).values(status="pending"))
         labels = {"model": "m-swept", "queue": queue_name, "mode": "none", "worker": worker_name()}
-        assert sweeper.sweep().reclaimed_items == 4
+        with caplog.at_level(logging.WARNING, logger="genjob"):
+            assert sweeper.sweep().reclaimed_items == 4
+        assert (
+            f"job {job.id}: 3 items lost with their worker (leases ran out unrenewed) and 1 item handed "
+            "back by a stopping or failing worker, queued again" in caplog.messages
+        )
         assert REGISTRY.get_sample_value("genjob_items_total", {**labels, "state": "retried"}) == 4
         assert REGISTRY.get_sample_value("genjob_items_total", {**labels, "state": "failed"}) == 2
     finally:
