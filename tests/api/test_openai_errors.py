@@ -160,6 +160,6 @@ def test_expiry_parameters_are_refused_alike_in_one_line(http: TestClient, uploa
         error = fails(call, openai.BadRequestError)
         assert (error.status_code, error.param, error.type) == (400, name, "invalid_request_error")
         assert error.message == (
-            f"Error code: 400 - {name} is not supported: a file lasts until it is deleted (DELETE /v1/files/{{id}}), a "
-            "batch's output files as long as their batch"
+            f"Error code: 400 - {name} is not supported: a file lasts until it is deleted "
+            "(DELETE /v1/files/{id}), a batch's output files as long as their batch"
         )
