@@ -29,6 +29,7 @@ from genjob.api.limits import BodyTimeoutMiddleware
 from genjob.api.metrics import install_metrics
 from genjob.api.routes import batches, files, health, jobs, metrics, results, usage
 from genjob.api.uploads import UploadSlots
+from genjob.redaction import install_log_masking, remember_url
 from genjob.settings import Settings, get_settings
 from genjob.submit import prepare_database
 
@@ -111,6 +112,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API for ``settings`` (default: read from the environment)."""
     settings = settings or get_settings()
+    for url in (settings.database_url, settings.broker_url):
+        remember_url(url)  # their passwords masked in every log line and message (genjob.redaction)
+    install_log_masking()
     app = FastAPI(
         title="genjob",
         version=__version__,

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from genjob import store
 from genjob.constants import BROKER_MARK_KEY, TASK_GENERATE_CHUNK
 from genjob.db import run_transaction, session_scope
+from genjob.redaction import mask_text, mask_url
 from genjob.settings import Settings
 from genjob.store import leases
 from genjob.tables import utcnow
@@ -39,13 +40,22 @@ from genjob.tables import utcnow
 log = logging.getLogger(__name__)
 
 PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
+BROKER_MARK_TTL_S = 86400  # the broker marker outlives the last sweep by a day
 MESSAGES_PER_PUBLISH = 500  # messages per pipelined round trip, and per progress record
 # (first chunk index, priority): Redis' lists are polled 0 first; kombu keeps levels 0, 3, 6, 9.
 PRIORITY_BY_CHUNK = ((0, 0), (1, 3), (4, 6), (16, 9))
 
 
 class BrokerUnavailable(RuntimeError):
-    """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry."""
+    """The job is stored but its chunks could not be queued; ``genjob requeue`` can retry.
+
+    Its message names the broker and the reason with the password masked (``mask_url``), for the
+    CLI's user and the server's log; an API client gets neither (``job_id`` alone)."""
+
+    def __init__(self, job_id: str, broker_url: str, reason: object) -> None:
+        broker, why = mask_url(broker_url), mask_text(str(reason))
+        super().__init__(f"job {job_id} is stored but could not be queued on {broker}: {why}")
+        self.job_id = job_id
 
 
 def broker_mark_key(database_url: str) -> str:
@@ -65,6 +75,62 @@ def queue_everything(settings: Settings, *, queue: str, queued_seq: int, everyth
     (``everything``), or the broker lost what this job had queued (``broker_lost_queue``; a job that
     queued nothing yet, a new job's submit, has nothing to lose and keeps its ranged enqueue)."""
     return everything or (queued_seq > 0 and broker_lost_queue(settings, queue))
+
+
+def recover_lost_queues(
+    settings: Settings, app: Celery, *, max_attempts: int, chunk_size: int | None = None
+) -> dict[str, int] | None:
+    r"""Where the broker lost its queues (Redis flushed, or restarted without persistence: the marker
+    key ``broker_mark_key`` is gone), queue the pending items of every live job again, once.
+
+    The marker is set first (SET NX, ``BROKER_MARK_TTL_S``): of the sweepers and ``genjob requeue``\s
+    that notice the loss, one queues; the others, and every later one until the broker loses its data
+    again, find the marker and queue nothing. Expired leases are taken back first, so their items are
+    queued with the rest, once, ``chunk_size`` items a message (default GENJOB_CHUNK_SIZE). Returns the
+    chunks sent by job id; None where nothing was lost (the
+    marker is there; each call keeps it alive) or the broker is not Redis or does not answer."""
+    broker = settings.broker_url or ""
+    if not broker.startswith(("redis://", "rediss://")):
+        return None
+    import redis
+
+    client = redis.Redis.from_url(broker, socket_timeout=5, socket_connect_timeout=5)
+    key = broker_mark_key(settings.database_url)
+    try:
+        if not client.set(key, utcnow().isoformat(), nx=True, ex=BROKER_MARK_TTL_S):
+            client.expire(key, BROKER_MARK_TTL_S)  # kept alive by every sweep, gone a day after the last
+            return None
+        try:
+            size = chunk_size or settings.chunk_size
+            return _queue_pending_of_live_jobs(settings, app, max_attempts=max_attempts, chunk_size=size)
+        except BaseException:
+            client.delete(key)  # not queued: the next sweep or requeue tries again
+            raise
+    except redis.RedisError as exc:
+        log.debug("no broker marker: %s", exc)
+        return None
+    finally:
+        client.close()
+
+
+def _queue_pending_of_live_jobs(
+    settings: Settings, app: Celery, *, max_attempts: int, chunk_size: int
+) -> dict[str, int]:
+    with session_scope(settings.database_url) as session:
+        leases.reclaim_expired_leases(session, max_attempts=max_attempts)
+    sent: dict[str, int] = {}
+    with session_scope(settings.database_url) as session:
+        for job_id, queue in store.live_jobs_with_pending_items(session):
+            ranges = store.pending_ranges(session, job_id=job_id, chunk_size=chunk_size, unleased_at=utcnow())
+            sent[job_id] = publish_ranges(app, job_id=job_id, queue=queue, ranges=ranges)
+    if any(sent.values()):
+        log.warning(
+            "the broker had lost its queues (no %s): queued %d chunks again (of %d jobs)",
+            BROKER_MARK_KEY,
+            sum(sent.values()),
+            sum(1 for count in sent.values() if count),
+        )
+    return sent
 
 
 def broker_lost_queue(settings: Settings, queue: str) -> bool:
@@ -153,9 +219,7 @@ def publish_ranges(
             if on_batch is not None and batch_stop is not None:
                 on_batch(batch_stop)
     except (OperationalError, redis.RedisError, ConnectionError) as exc:
-        raise BrokerUnavailable(
-            f"job {job_id} is stored but could not be queued on {app.conf.broker_url}: {exc}"
-        ) from exc
+        raise BrokerUnavailable(job_id, str(app.conf.broker_url), exc) from exc
     return sent
 
 
@@ -220,8 +284,12 @@ def publish_pending(
     Items whose lease ran out (their worker died) are taken back and queued first; then the items
     its publisher never queued (from ``jobs.queued_seq``). With ``everything``, or where the broker
     lost what was queued (``broker_lost_queue``: flushed, restarted without persistence), every
-    pending item not leased to a live worker is queued again (also after a retry).
-    Safe to repeat: workers skip items that are final or held by another.
+    pending item not leased to a live worker is queued again (also after a retry); a broker that
+    lost its marker has every live job's pending items queued again, once (``recover_lost_queues``,
+    as the sweepers do), and the count returned is this job's.
+    Idempotent: once it has queued, a repeat queues nothing until something is lost again (a lease
+    runs out, the broker loses its queues), except with ``everything``; workers skip items that are
+    final or held by another.
     """
     assert settings.broker_url, "publish_pending needs a broker (embedded jobs run in-process)"
     app = producer_app(settings.broker_url)
@@ -239,6 +307,14 @@ def publish_pending(
     with session_scope(settings.database_url) as session:
         job = store.get_job(session, job_id=job_id)
         queue, queued_seq, total = job.queue, job.queued_seq, job.total
+    recovered = (
+        None
+        if everything
+        else recover_lost_queues(settings, app, max_attempts=max_attempts, chunk_size=chunk_size)
+    )
+    if recovered is not None:  # the broker lost its queues: every live job's pending items went out once
+        run_transaction(settings.database_url, store.record_queued, job_id=job_id, queued_seq=total)
+        return recovered.get(job_id, 0)
     if queue_everything(settings, queue=queue, queued_seq=queued_seq, everything=everything):
         with session_scope(settings.database_url) as session:
             leases.reclaim_expired_leases(session, job_id=job_id, max_attempts=max_attempts)

@@ -66,7 +66,11 @@ class WorkerMetrics:
 
         labels = WORKER_LABELS
         self.items = Counter(
-            "genjob_items", "Items a worker ended or handed back, by state.", (*labels, "state")
+            "genjob_items",
+            "Items a worker ended or handed back, by state: done, failed (for good, in a chunk or given up "
+            "by the sweeper after their last try), retried (a try failed or was lost, another follows), "
+            "skipped.",
+            (*labels, "state"),
         )
         self.new_tokens = Counter("genjob_new_tokens", "Tokens the engine produced.", labels)
         self.prefill_tokens = Counter("genjob_prefill_tokens", "Prompt tokens the engine prefilled.", labels)
@@ -121,8 +125,9 @@ class WorkerMetrics:
         )
         self.chunks = Counter(
             "genjob_chunks",
-            "Chunks a worker finished, clean or with failed items.",
-            ("queue", "worker", "outcome"),
+            "Chunks a worker ended, by outcome: clean, with_failures (items failed for good), stopped "
+            "(the job ended or the worker stopped), faulted (the worker failed holding it).",
+            (*labels, "outcome"),
         )
         # Per pool process (``pid``, dead ones left out): its progress, for /healthz and alerts.
         self.progress_at = Gauge(

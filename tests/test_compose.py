@@ -83,7 +83,8 @@ def test_the_two_workers_use_their_own_gpu_name_and_metrics_port() -> None:
     ports = []
     for name in WORKERS:
         port = SERVICES[name]["environment"]["GENJOB_METRICS_PORT"]
-        assert SERVICES[name]["ports"] == [f"{port}:{port}"]  # published where the worker serves it
+        # published where the worker serves it, on the host's loopback only: the metrics have no auth
+        assert SERVICES[name]["ports"] == [f"127.0.0.1:{port}:{port}"]
         ports.append(port)
     assert len(set(ports)) == 2
     # a host with one GPU starts without the second (`--profile gpu1` adds it)
@@ -185,6 +186,7 @@ def test_every_command_is_a_genjob_command(name: str) -> None:
 
 def test_public_services_require_their_secrets() -> None:
     assert SERVICES["api"]["environment"]["GENJOB_API_KEYS"].startswith("${GENJOB_API_KEYS:?")
+    assert SERVICES["api"]["environment"]["GENJOB_ADMIN_API_KEYS"] == "${GENJOB_ADMIN_API_KEYS:-}"
     assert SERVICES["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
     assert SERVICES["api"]["command"][SERVICES["api"]["command"].index("--host") + 1] == "0.0.0.0"
 

@@ -12,12 +12,16 @@ from functools import lru_cache
 from celery import Celery
 
 from genjob.constants import TASK_GENERATE_CHUNK
+from genjob.redaction import install_log_masking, remember_url
 from genjob.settings import Settings, get_settings
 
 
 @lru_cache(maxsize=8)
 def create_app(settings: Settings) -> Celery:
     """The worker's app for ``settings``: tasks registered, the sweeper added to the worker."""
+    for url in (settings.database_url, settings.broker_url):
+        remember_url(url)  # their passwords masked in every log line (genjob.redaction)
+    install_log_masking()
     app = Celery("genjob", broker=settings.broker_url or "memory://", set_as_current=False)
     app.conf.update(
         task_default_queue=settings.queue,

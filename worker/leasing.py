@@ -177,7 +177,7 @@ class LeaseRenewer:
                 now - beat_at,
                 allow,
                 len(held.item_ids),
-                f"; the process ends in {held.kill_at() - now:.0f} s unless it moves"
+                f"; the process ends in {max(0.0, held.kill_at() - now):.0f} s unless it moves"
                 if self.end_when_stalled
                 else "",
             )

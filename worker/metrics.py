@@ -12,13 +12,17 @@ model where it has one (``model_label``), never a server path.
 ``note_runner_built`` times what a worker spends making a job's runner: its model loads and its cost
 calibration, apart.
 
+``note_swept_items`` counts what a sweep did to items (queued again after a lost try: retried; out of
+tries: failed), by model, in the process that sweeps (the worker's main process).
+
 ``note_progress`` keeps each pool process's progress gauges (``genjob.worker.leasing`` calls it on
 every beat): when it last made progress, whether it holds a chunk, and how long it may go without.
 
 ``serve_metrics(port)`` runs in the worker's main process: it serves what every pool process counted
 (prometheus_client's multiprocess mode, set up by ``genjob worker`` before anything imports it) on
-``/metrics``, and on ``/healthz`` whether its pool processes move: 200, or 503 once one has held a chunk
-without progress for longer than its bound (``progress_report``), for compose's healthcheck.
+``/metrics`` (with ``genjob_worker_stalled_processes``), and on ``/healthz`` whether its pool processes
+move: 200, or 503 once one has held a chunk without progress for longer than its bound
+(``progress_report``), for compose's healthcheck.
 Must not know: HTTP frameworks, the CLI.
 """
 
@@ -182,8 +186,12 @@ def metered(engine: Any, outcome: Any, *, model: str, queue: str, mode: str, wor
             meter.update(finished)
 
     engine.step = counted_step
+    faulted = False
     try:
         yield
+    except BaseException:
+        faulted = True  # the worker failed holding the chunk (its items' tries are counted as lost)
+        raise
     finally:
         del engine.step  # the class's own step again
         try:
@@ -191,9 +199,27 @@ def metered(engine: Any, outcome: Any, *, model: str, queue: str, mode: str, wor
             worker_metrics().rows.labels(*meter.labels).set(0)
             worker_metrics().tokens_per_second.labels(*meter.labels).set(0)
             failed = "with_failures" if outcome.failed else "clean"
-            worker_metrics().chunks.labels(queue, worker, "stopped" if outcome.stopped else failed).inc()
+            ended = "faulted" if faulted else "stopped" if outcome.stopped else failed
+            worker_metrics().chunks.labels(*meter.labels, ended).inc()
         except Exception as exc:  # metrics never stop a chunk
             log.warning("metrics: %s", exc)
+
+
+def note_swept_items(
+    jobs: dict[str, tuple[str, str, str]], *, worker: str, retried: dict[str, int], failed: dict[str, int]
+) -> None:
+    """A sweep queued ``retried`` items again (their try was lost: a worker died, stalled or faulted)
+    and failed ``failed`` ones for good (out of tries), by job id; ``jobs``: each job's (model, queue,
+    mode). Counted in ``genjob_items_total`` by model, as a chunk's own retries and failures are."""
+    try:
+        items = worker_metrics().items
+        for state, counts in (("retried", retried), ("failed", failed)):
+            for job_id, count in counts.items():
+                if count and job_id in jobs:
+                    model, queue, mode = jobs[job_id]
+                    items.labels(model_label(model), queue, mode, worker, state).inc(count)
+    except Exception as exc:  # metrics never stop a sweep
+        log.warning("metrics: %s", exc)
 
 
 def note_runner_built(spec: Any, seconds: float, calibration_s: float) -> None:
@@ -266,6 +292,18 @@ def progress_report(registry: CollectorRegistry, now: float | None = None) -> di
     return {"status": "stalled" if stalled else "ok", "processes": processes}
 
 
+def stalled_exposition(report: dict[str, Any]) -> bytes:
+    """``genjob_worker_stalled_processes``: the pool processes that hold a chunk without progress for
+    longer than their bound (``progress_report``; the same that make ``/healthz`` answer 503)."""
+    stalled = sum(1 for process in report["processes"] if process["stalled"])
+    return (
+        "# HELP genjob_worker_stalled_processes Pool processes holding a chunk without progress past "
+        "their bound (GENJOB_ROUND_STALL_S).\n"
+        "# TYPE genjob_worker_stalled_processes gauge\n"
+        f"genjob_worker_stalled_processes {stalled}\n"
+    ).encode()
+
+
 class _MetricsHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -274,7 +312,9 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             status = 200 if report["status"] == "ok" else 503
             self._answer(status, json.dumps(report).encode(), "application/json")
         elif path in ("/metrics", "/"):
-            self._answer(200, *exposition(multiprocess_registry()))
+            registry = multiprocess_registry()
+            body, content_type = exposition(registry)
+            self._answer(200, body + stalled_exposition(progress_report(registry)), content_type)
         else:
             self.send_error(404)
 

@@ -10,10 +10,11 @@ Every ``sweep_interval_s`` it
   4. ends live jobs whose items are all final (their last worker died before it could);
   5. notices a broker that lost its queues (Redis restarted without persistence, or flushed):
      the marker key it keeps there is gone, so it queues the pending items of every live job
-     again (duplicates are harmless: a claim skips items that are final or leased). On a broker
-     that never had the marker (a fresh one) there is nothing to queue again, and nothing is said.
+     again (``genjob.queueing.recover_lost_queues``, which ``genjob requeue`` also calls: whichever
+     notices first queues them, once). On a broker that never had the marker (a fresh one) there
+     is nothing to queue again, and nothing is said.
 Sweepers on many workers may run at once: reclaiming locks the rows it takes (SKIP LOCKED) and
-the marker is set with SET NX, so each lost item is queued again by one sweeper.
+the marker is set with SET NX, so each lost item is queued again by one sweeper (or one requeue).
 
 The main process forks the pool's children (again, whenever one dies), and a child forked in
 the middle of a sweep would inherit the locks the sweep thread held (an import, a connection
@@ -28,17 +29,24 @@ import threading
 from dataclasses import dataclass
 
 from celery import Celery, bootsteps
+from sqlalchemy import select
 
 from genjob import store
-from genjob.constants import BROKER_MARK_KEY
-from genjob.db import run_transaction, session_scope
-from genjob.queueing import broker_mark_key, publish_ranges, publish_rest
+from genjob.db import run_transaction
+from genjob.queueing import (  # noqa: F401  # re-exported: the marker's key and lifetime
+    BROKER_MARK_TTL_S,
+    broker_mark_key,
+    publish_ranges,
+    publish_rest,
+    recover_lost_queues,
+)
 from genjob.store import leases
-from genjob.tables import utcnow
+from genjob.tables import Job
+from genjob.worker.leasing import worker_name
+from genjob.worker.metrics import note_swept_items
 
 log = logging.getLogger(__name__)
 
-BROKER_MARK_TTL_S = 86400
 SWEEP_LOCK = threading.Lock()
 os.register_at_fork(
     before=SWEEP_LOCK.acquire, after_in_parent=SWEEP_LOCK.release, after_in_child=SWEEP_LOCK.release
@@ -52,6 +60,19 @@ class SweepReport:
     recovered_chunks: int = 0
     finished_queueing: int = 0
     ended_jobs: int = 0
+
+
+def reclaimed_words(count: int, handed_back: int) -> str:
+    """``3 items lost with their worker (their leases ran out) and 2 handed back by a stopping or
+    failing worker``: what a sweep queues again, by why."""
+    lost = count - handed_back
+    parts = []
+    if lost:
+        parts.append(f"{lost} item{'s' * (lost != 1)} lost with their worker (leases ran out unrenewed)")
+    if handed_back:
+        noun = "item" if handed_back == 1 else "items"
+        parts.append(f"{handed_back} {noun} handed back by a stopping or failing worker")
+    return " and ".join(parts)
 
 
 class Sweeper:
@@ -76,12 +97,27 @@ class Sweeper:
         return report
 
     def _requeue_expired_leases(self, session) -> int:
-        """Queue again, before the reset commits, the items whose workers died (or failed holding them)."""
-        reclaimed = leases.reclaim_expired_leases(session, max_attempts=self.settings.max_attempts)
+        """Queue again, before the reset commits, the items whose workers died (or failed holding them);
+        count them (retried) and those out of tries (failed) in this worker's metrics, by model."""
+        gave_up: dict[str, int] = {}
+        handed_back: dict[str, int] = {}
+        reclaimed = leases.reclaim_expired_leases(
+            session, max_attempts=self.settings.max_attempts, gave_up_counts=gave_up, handed_back=handed_back
+        )
         for job_id, (queue, seqs) in reclaimed.items():
-            log.warning("job %s: %d items lost with their worker, queued again", job_id, len(seqs))
+            words = reclaimed_words(len(seqs), handed_back.get(job_id, 0))
+            log.warning("job %s: %s, queued again", job_id, words)
             ranges = store.seq_runs(seqs, self.settings.chunk_size)
             publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
+        if reclaimed or gave_up:
+            jobs = {
+                job_id: (model, queue, str(mode))
+                for job_id, model, queue, mode in session.execute(
+                    select(Job.id, Job.model, Job.queue, Job.mode).where(Job.id.in_([*reclaimed, *gave_up]))
+                )
+            }
+            retried = {job_id: len(seqs) for job_id, (_, seqs) in reclaimed.items()}
+            note_swept_items(jobs, worker=worker_name(), retried=retried, failed=gave_up)
         return sum(len(seqs) for _, seqs in reclaimed.values())
 
     def _finish_stalled_queueing(self) -> int:
@@ -107,38 +143,10 @@ class Sweeper:
         return sent
 
     def _recover_lost_queues(self) -> int:
-        broker = self.settings.broker_url or ""
-        if not broker.startswith(("redis://", "rediss://")):
-            return 0
-        import redis
-
-        client = redis.Redis.from_url(broker, socket_timeout=5, socket_connect_timeout=5)
-        key = broker_mark_key(self.settings.database_url)
-        try:
-            if not client.set(key, utcnow().isoformat(), nx=True, ex=BROKER_MARK_TTL_S):
-                client.expire(key, BROKER_MARK_TTL_S)  # kept alive by every sweep, gone a day after the last
-                return 0  # the marker survived: the broker kept its data
-            try:
-                return self._requeue_pending_of_live_jobs()
-            except BaseException:
-                client.delete(key)  # try again at the next sweep
-                raise
-        finally:
-            client.close()
-
-    def _requeue_pending_of_live_jobs(self) -> int:
-        sent = 0
-        with session_scope(self.settings.database_url) as session:
-            for job_id, queue in store.live_jobs_with_pending_items(session):
-                ranges = store.pending_ranges(
-                    session, job_id=job_id, chunk_size=self.settings.chunk_size, unleased_at=utcnow()
-                )
-                sent += publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
-        if sent:
-            log.warning(
-                "the broker had lost its queues (no %s): queued %d chunks again", BROKER_MARK_KEY, sent
-            )
-        return sent
+        """Queue every live job's pending items again where the broker lost its queues (its marker is
+        gone): once, whether this sweeper or a ``genjob requeue`` notices first (``recover_lost_queues``)."""
+        recovered = recover_lost_queues(self.settings, self.app, max_attempts=self.settings.max_attempts)
+        return sum(recovered.values()) if recovered else 0
 
 
 class SweeperStep(bootsteps.StartStopStep):

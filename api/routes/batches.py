@@ -21,6 +21,7 @@ from genjob.api.deps import CallerDep, SessionDep, SettingsDep
 from genjob.api.errors import ApiError, ErrorDetail, openai_error_responses
 from genjob.api.prompt_tokenizer import PromptTokenizer
 from genjob.api.quota import check_quota
+from genjob.api.routes.files import EXPIRY_REFUSED
 from genjob.api.routes.jobs import IdempotencyKeyHeader, enqueue_chunks
 from genjob.constants import OpenAIEndpoint
 from genjob.db import session_scope
@@ -43,7 +44,9 @@ class BatchCreate(BaseModel):
         Field(default=None, max_length=16)
     )
     output_expires_after: dict[str, Any] | None = Field(
-        default=None, description="Accepted and ignored: output files last as long as their batch."
+        default=None,
+        description="Not supported (400 when given): output files last as long as their batch, or until "
+        "deleted (DELETE /v1/files/{id}).",
     )
 
 
@@ -99,6 +102,13 @@ async def create_batch(
     """The whole file is checked first: every line names the same allow-listed `body.model` and is a
     request for `endpoint`. A file that fails makes a `failed` batch whose `errors` name the lines.
     Omitted `temperature` is 1.0 (as OpenAI's); `max_tokens` defaults to GENJOB_MAX_NEW_TOKENS."""
+    if body.output_expires_after is not None:
+        raise ApiError(
+            400,
+            "invalid_request",
+            EXPIRY_REFUSED.format(name="output_expires_after"),
+            param="output_expires_after",
+        )
     await run_in_threadpool(check_quota, settings, caller.owner)
     batch_request = service.BatchRequest(
         input_file_id=body.input_file_id,

@@ -25,6 +25,13 @@ from genjob.settings import Settings
 from genjob.store import files as file_store
 from genjob.tables import File
 
+# OpenAI's expiry parameters: refused alike on files and batches (a one-line 400), never ignored.
+EXPIRY_FIELDS = ("expires_after[anchor]", "expires_after[seconds]", "expires_after")
+EXPIRY_REFUSED = (
+    "{name} is not supported: a file lasts until it is deleted (DELETE /v1/files/{{id}}), a batch's "
+    "output files as long as their batch"
+)
+
 router = APIRouter(prefix="/v1/files", tags=["openai"], responses=openai_error_responses(400, 401, 403))
 
 UPLOAD_BODY = {
@@ -109,9 +116,13 @@ async def create_file(request: Request, settings: SettingsDep, caller: CallerDep
         request,
         owner=caller.owner,
         limit=settings.max_upload_bytes,
-        fields=frozenset({"purpose"}),
+        fields=frozenset({"purpose", *EXPIRY_FIELDS}),
         multipart_only=True,
     ) as upload:
+        if any(name in upload.fields for name in EXPIRY_FIELDS):
+            raise ApiError(
+                400, "invalid_request", EXPIRY_REFUSED.format(name="expires_after"), param="expires_after"
+            )
         purpose = upload.fields.get("purpose")
         if purpose != "batch":
             raise ApiError(

@@ -7,6 +7,7 @@ is the same row whichever way it came in.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
@@ -30,6 +31,8 @@ from genjob.store.idempotency import MAX_KEY_CHARS, IdempotencyConflict
 from genjob.submit import Submitter, store_job_stream
 from genjob.tables import Job
 from genjob.worker.enqueue import enqueue_job
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -56,10 +59,12 @@ async def enqueue_chunks(
             enqueue_job, settings, job_id=job_id, chunk_size=chunk_size, everything=everything
         )
     except BrokerUnavailable as exc:
+        log.warning("%s", exc)  # the broker (password masked) and why: for the operator, not the client
         raise ApiError(
             503,
             "broker_unavailable",
-            f"{exc}; POST /v1/jobs/{job_id}/requeue once the broker is back",
+            f"the broker is unavailable: job {job_id} is stored but not queued; "
+            f"POST /v1/jobs/{job_id}/requeue once the broker is back",
             details=[ErrorDetail(message="the job is stored", field="job_id")],
         ) from exc
 
@@ -176,7 +181,9 @@ def get_job(job: JobDep) -> JobOut:
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", responses=error_responses(404, 409))
 def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
-    """No new items start; the item in flight finishes and is kept. 409 if the job already ended."""
+    """Nothing new starts and what finished is kept: pending items are cancelled, and the rows in flight
+    leave their worker's batch within about a second and end cancelled too (they do not run to their
+    end). 409 if the job already ended."""
     if not store.cancel_job(session, job=job):
         raise ApiError(409, "job_ended", f"job {job.id} already ended ({job.status})")
     session.commit()  # before the answer: the client's next read must see it

@@ -12,6 +12,7 @@ import click
 
 from genjob import __version__
 from genjob.cli.errors import GenjobGroup
+from genjob.redaction import install_excepthook, install_log_masking
 
 
 @click.group(cls=GenjobGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,8 +28,11 @@ def main(verbose: int) -> None:
 
     Exit codes: 0 done; 1 an error (its message says what to fix); 2 a usage
     error; 3 a job ended with failed items; 4 a job was cancelled or expired;
-    5 `wait --timeout` ran out; 130 interrupted.
+    5 `wait --timeout` ran out; 130 interrupted; 141 its output was closed
+    early (`| head`: it stops quietly).
     """
+    install_log_masking()  # every log line and traceback of this process: no password (genjob.redaction)
+    install_excepthook()
     level = logging.WARNING - 10 * verbose
     logging.basicConfig(
         level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,9 +1,11 @@
 """User errors as one line, never a traceback: the ``genjob`` group turns what users cause into messages.
 
-A bad ``GENJOB_*`` value names the variable and what it should be; a database that cannot be reached
-names the URL (without its password) and the variable to check; a broker URL kombu has no transport
-for names the variable; any error from the OS (a file that cannot be read or written, a full or
-read-only disk, a refused connection) names the file, if any, and why; Ctrl-C stops with exit 130.
+Every message is masked (``genjob.redaction``: no password of any URL). A bad ``GENJOB_*`` value names
+the variable and what it should be (a URL's password masked); a database that cannot be reached names
+the URL (password masked) and the variable to check; a broker URL kombu has no transport for names the
+variable; any error from the OS (a file that cannot be read or written, a full or
+read-only disk, a refused connection) names the file, if any, and why; Ctrl-C stops with exit 130; a
+closed stdout (``genjob results JOB | head -1``) stops quietly with exit 141, as ``yes | head`` does.
 Every message reaches the terminal with its control characters escaped (``printable``), so an id
 or a file name carrying escape sequences cannot drive the terminal. Bugs still raise: only these
 classes of error are caught.
@@ -20,6 +22,7 @@ import click
 
 from genjob.cli.exits import ExitCode
 from genjob.cli.lazy import LazyGroup
+from genjob.redaction import mask_text, mask_url
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -41,18 +44,11 @@ def settings_message(exc: ValidationError) -> str:
     for error in exc.errors():
         name = "GENJOB_" + str(error["loc"][0]).upper() if error["loc"] else "GENJOB_*"
         given = error.get("input")
+        if isinstance(given, str):
+            given = mask_url(given)  # an invalid URL still shows, its password masked
         shown = f"={given!r}" if isinstance(given, str | int | float) else ""
         problems.append(f"{name}{shown}: {str(error['msg']).removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(problems)
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "GENJOB_DATABASE_URL"
 
 
 def database_message(exc: sa_exc.DBAPIError | sa_exc.ArgumentError, url: str) -> str:
@@ -60,7 +56,7 @@ def database_message(exc: sa_exc.DBAPIError | sa_exc.ArgumentError, url: str) ->
     cause = getattr(exc, "orig", None) or exc
     lines = str(cause).strip().splitlines()
     reason = lines[0] if lines else type(cause).__name__
-    return f"database {_safe_url(url)}: {reason} (check GENJOB_DATABASE_URL and that the server is up)"
+    return f"database {mask_url(url)}: {reason} (check GENJOB_DATABASE_URL and that the server is up)"
 
 
 def os_error_message(exc: OSError) -> str:
@@ -93,9 +89,15 @@ class GenjobGroup(LazyGroup):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            done = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+            return done
+        except BrokenPipeError:
+            _quiet_closed_pipe()
+            ctx.exit(ExitCode.CLOSED_PIPE)
         except click.ClickException as exc:
-            exc.message = printable(exc.message)  # type: ignore[misc]  # escaped in place, same exception
+            # escaped and masked in place, the same exception
+            exc.message = printable(mask_text(exc.message))  # type: ignore[misc]
             raise
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -104,7 +106,19 @@ class GenjobGroup(LazyGroup):
             message = user_error_message(exc)
             if message is None:
                 raise
-            raise click.ClickException(printable(message)) from exc
+            raise click.ClickException(printable(mask_text(message))) from exc
+
+
+def _quiet_closed_pipe() -> None:
+    """The reader of stdout went away (``| head -1``): stop quietly; what is left unflushed goes to
+    /dev/null, so the interpreter's exit does not complain about it either."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file behind stdout (a test's capture)
+        pass
 
 
 def _database_url() -> str:

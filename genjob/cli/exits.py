@@ -8,6 +8,7 @@ Distinct from click's own (1: an error, with its message; 2: a usage error):
 4     the job was cancelled or expired (its done items are kept)
 5     ``genjob wait --timeout`` ran out; the job goes on
 130   interrupted (Ctrl-C)
+141   its output was closed early (``genjob results JOB | head -1``): it stops quietly, as ``yes | head``
 ====  ==========================================================================
 Must not know: the database, the workers.
 """
@@ -31,6 +32,7 @@ class ExitCode(IntEnum):
     STOPPED = 4
     TIMEOUT = 5
     INTERRUPTED = 130
+    CLOSED_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
 
 
 def job_exit_code(job: Job) -> ExitCode:

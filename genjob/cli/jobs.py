@@ -108,7 +108,11 @@ def stats(job_id: str, as_json: bool) -> None:
 @click.command()
 @job_reference
 def cancel(job_id: str) -> None:
-    """Cancel a job: no new items start; the item in flight finishes and is kept."""
+    """Cancel a job: nothing new starts, what finished is kept.
+
+    Pending items are cancelled; the rows in flight leave their worker's batch
+    within about a second and end cancelled too (they do not run to their end).
+    """
     settings = settings_and_schema()
     job = load_job(settings, job_id)
     with session_scope(settings.database_url) as session:
@@ -130,8 +134,10 @@ def requeue(job_id: str, chunk_size: int | None, everything: bool, dry_run: bool
 
     That is the items its submit did not get to queue and those whose worker
     died, or, where the broker lost what it held (flushed, restarted without
-    persistence), every pending item no live worker holds; nothing when
-    nothing is missing. Safe to repeat, on a job in any
+    persistence), every pending item no live worker holds (of every live job,
+    once, as a worker's sweeper would); nothing when nothing is missing.
+    Idempotent: once it has queued, running it again queues nothing until
+    something is lost again (--all queues again anyway). Safe on a job in any
     state (an ended job has nothing to queue): workers skip finished items.
     """
     settings = settings_and_schema()

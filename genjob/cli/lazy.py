@@ -29,9 +29,7 @@ COMMANDS: dict[str, LazyCommand] = {
         "Measure this machine's forward costs for a job's models, batch size and draft length, and keep "
         "them (GENJOB_COST_CACHE_DIR) for the jobs and workers that follow.",
     ),
-    "cancel": LazyCommand(
-        "jobs", "cancel", "Cancel a job: no new items start; the item in flight finishes and is kept."
-    ),
+    "cancel": LazyCommand("jobs", "cancel", "Cancel a job: nothing new starts, what finished is kept."),
     "db": LazyCommand("admin", "db_group", "Database schema (Alembic migrations)."),
     "delete": LazyCommand("housekeeping", "delete", "Delete a job with its items, results and attempts."),
     "flower": LazyCommand(

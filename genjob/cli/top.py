@@ -7,13 +7,15 @@ the recent past shows at once) and speedup (sampled from the job's sums while to
 dropped from the end of that order until the rest fits the terminal. Tokens/s, α and ETA are the
 job's recent pace, the one ``genjob wait`` shows (``genjob.cli.pace``), started from its results of
 the last ``RATE_WINDOW_S`` seconds. Per worker: online or offline (with a broker, whether it answers
-a ping), items running, results in the window, tokens/s over the last ``RATE_WINDOW_S`` seconds, its
-last result. With a broker, the messages waiting in each queue. ``--once`` prints one frame and exits.
+a ping), or stalled (it holds running items whose leases ran out unrenewed: no progress on them),
+items running, results in the window, tokens/s over the last ``RATE_WINDOW_S`` seconds, its last
+result. With a broker, the messages waiting in each queue. ``--once`` prints one frame and exits.
 Must not know: the workers' code, the HTTP API.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -137,7 +139,7 @@ def collect(
         ids = [job.id for job in jobs]
         buckets = activity.result_buckets(session, job_ids=ids, since=since, width=width)
         running = activity.running_items(session, job_ids=ids)
-        workers = activity.worker_activity(session, since=since)
+        workers = activity.worker_activity(session, since=since, now=now)
         recent = activity.worker_activity(session, since=now - timedelta(seconds=RATE_WINDOW_S))
         rates = _paces(session, jobs, history, now)
     views = []
@@ -205,9 +207,9 @@ def fitted(columns: Sequence[Column], width: int) -> list[Column]:
     return [column for index, column in enumerate(columns) if index in kept]
 
 
-def table(title: str, columns: Sequence[Column], width: int) -> Table:
+def table(columns: Sequence[Column], width: int) -> Table:
     shown = fitted(columns, width)
-    grid = Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+    grid = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
     for column in shown:
         grid.add_column(column.header, no_wrap=True)
     for row in zip(*(column.cells for column in shown), strict=True):
@@ -260,15 +262,16 @@ def _job_columns(views: Sequence[JobView], history: History) -> list[Column]:
     ]
 
 
-def _worker_columns(frame: Frame) -> list[Column]:
+def _worker_columns(frame: Frame, views: Sequence[WorkerView]) -> list[Column]:
     def state(view: WorkerView) -> str:
+        if view.activity.stalled:  # it answers, or not, but makes no progress on the items it holds
+            return "stalled"
         return "-" if view.online is None else "online" if view.online else "offline"
 
     def last(view: WorkerView) -> str:
         at = view.activity.last_result
         return f"{(frame.now - at).total_seconds():.0f} s ago" if at else "-"
 
-    views = frame.workers
     return [
         Column("worker", 0, [printable(v.activity.worker, keep_newlines=False) for v in views]),
         Column("state", 1, [state(v) for v in views]),
@@ -279,21 +282,53 @@ def _worker_columns(frame: Frame) -> list[Column]:
     ]
 
 
-def render(frame: Frame, history: History, width: int = WIDE_OUTPUT) -> Group:
-    """The frame as tables that fit ``width`` columns (the terminal's)."""
+def caption(text: str) -> Text:
+    """A table's caption on one line of its own, cut with … where the terminal is narrower (a table's
+    title would wrap to the table's width)."""
+    return Text(text, no_wrap=True, overflow="ellipsis")
+
+
+def _shown(count: int, room: int) -> int:
+    """How many of ``count`` rows to show in ``room`` lines: all, or those leaving a line for "N more"."""
+    return count if count <= room else max(1, room - 1)
+
+
+def render(frame: Frame, history: History, width: int = WIDE_OUTPUT, height: int | None = None) -> Group:
+    """The frame as tables that fit ``width`` columns and, where ``height`` is given (a terminal's),
+    that many lines: the jobs that do not fit are left out with an ``… N more jobs`` line (the workers
+    keep their lines, up to half of the screen, the same way)."""
     window = f"{frame.width * COLUMNS // 60} min"
     title = f"genjob top · {frame.now:%H:%M:%S} UTC · trends: {window}"
-    parts: list[Table | Text] = [
-        table(title, _job_columns(frame.jobs, history), width)
-        if frame.jobs
-        else Text(f"{title}\n(no queued or running jobs)")
-    ]
-    if frame.workers:
+    jobs, workers = frame.jobs, frame.workers
+    if height is not None:
+        worker_room = min(len(workers), max(1, (height - 3) // 2)) + 2 if workers else 0
+        workers = workers[: _shown(len(workers), worker_room - 2)] if workers else workers
+        jobs = jobs[: _shown(len(jobs), max(1, height - 3 - worker_room))]
+    parts: list[Table | Text] = [caption(title)]
+    if jobs:
+        parts.append(table(_job_columns(jobs, history), width))
+        if len(jobs) < len(frame.jobs):
+            parts.append(Text(f"… {len(frame.jobs) - len(jobs)} more jobs"))
+    else:
+        parts.append(Text("(no queued or running jobs)"))
+    if workers:
         heading = f"workers · items: results in {window} · tok/s: the last {RATE_WINDOW_S:.0f} s"
-        parts.append(table(heading, _worker_columns(frame), width))
+        parts.append(caption(heading))
+        parts.append(table(_worker_columns(frame, workers), width))
+        if len(workers) < len(frame.workers):
+            parts.append(Text(f"… {len(frame.workers) - len(workers)} more workers"))
     queues = "  ".join(f"{queue}: {depth} waiting" for queue, depth in sorted(frame.queues.items()))
-    parts.append(Text(f"queues: {queues}" if queues else ""))
+    parts.append(caption(f"queues: {queues}" if queues else ""))
     return Group(*parts)
+
+
+def _console_width() -> int | None:
+    """``COLUMNS`` from the environment where it is a width, else None."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+    return columns if columns > 0 else None
 
 
 @click.command()
@@ -307,8 +342,11 @@ def top(interval: float, window: timedelta, once: bool) -> None:
 
     Tokens/s, α and ETA are the recent pace (the last 30 s), as `genjob wait`
     shows it. The columns that do not fit the terminal are left out, the
-    sparklines of the last --window first. Workers that do not answer are
-    marked offline. Ctrl-C quits.
+    sparklines of the last --window first; jobs that do not fit the
+    terminal's height are counted on an "… N more jobs" line. --once prints
+    COLUMNS wide where it is set. Workers that do not answer are
+    marked offline; those holding items whose leases ran out unrenewed (no
+    progress), stalled. Ctrl-C quits.
     """
     from rich.live import Live
 
@@ -319,17 +357,18 @@ def top(interval: float, window: timedelta, once: bool) -> None:
     frame = collect(settings, window=window, history=history)
     history.add(frame)
     if once or not console.is_terminal:
-        wide = console if console.is_terminal else Console(width=WIDE_OUTPUT)  # a log or a pipe: no cropping
+        # COLUMNS where set; else the terminal's width, or, to a log or a pipe, no cropping
+        wide = Console(width=_console_width() or (console.width if console.is_terminal else WIDE_OUTPUT))
         wide.print(render(frame, history, wide.width))
         return
     try:
-        first = render(frame, history, console.width)
+        first = render(frame, history, console.width, console.height)
         with Live(first, console=console, screen=True, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
                 frame = collect(settings, window=window, history=history)
                 history.add(frame)
-                live.update(render(frame, history, console.width), refresh=True)
+                live.update(render(frame, history, console.width, console.height), refresh=True)
     except KeyboardInterrupt:
         return
 

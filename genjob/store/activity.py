@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, cast, func, select, update
+from sqlalchemy import ColumnElement, Integer, case, cast, func, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import OPEN_ITEM_STATUSES, TERMINAL_JOB_STATUSES, ItemStatus
 from genjob.db import changed_rows
 from genjob.store.leases import as_utc
-from genjob.tables import Item, Job, Result
+from genjob.tables import Item, Job, Result, utcnow
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class WorkerActivity:
     new_tokens: int
     last_result: datetime | None
     running: int  # items it holds running now
+    stalled: int = 0  # of those, the ones whose lease ran out unrenewed: it makes no progress on them
 
 
 def _epoch_bucket(session: Session, column: Any, width: int) -> ColumnElement[int]:
@@ -97,29 +98,37 @@ def running_items(session: Session, *, job_ids: Sequence[str]) -> dict[str, int]
     return {job_id: count for job_id, count in session.execute(query)}
 
 
-def worker_activity(session: Session, *, since: datetime) -> list[WorkerActivity]:
-    """Every worker that wrote a result since ``since`` or holds a running item now."""
+def worker_activity(
+    session: Session, *, since: datetime, now: datetime | None = None
+) -> list[WorkerActivity]:
+    """Every worker that wrote a result since ``since`` or holds a running item now (``now``: when
+    leases count as run out, for ``stalled``)."""
+    now = now or utcnow()
     written = session.execute(
         select(Result.worker, func.count(), func.sum(Result.new_tokens), func.max(Result.created_at))
         .where(Result.created_at >= since, Result.worker.is_not(None))
         .group_by(Result.worker)
     ).all()
     holding = session.execute(
-        select(Item.claimed_by, func.count())
+        select(Item.claimed_by, func.count(), func.sum(case((Item.lease_expires_at <= now, 1), else_=0)))
         .where(Item.status == ItemStatus.RUNNING, Item.claimed_by.is_not(None))
         .group_by(Item.claimed_by)
     ).all()
     running: dict[str, int] = {}
-    for holder, count in holding:
+    stalled: dict[str, int] = {}
+    for holder, count, lapsed in holding:
         worker = str(holder).rsplit("/", 1)[0]  # "name/pid": the worker is its name
         running[worker] = running.get(worker, 0) + count
+        stalled[worker] = stalled.get(worker, 0) + int(lapsed or 0)
     seen: dict[str, WorkerActivity] = {}
     for name, items, tokens, last in written:
         worker = str(name)
         last = as_utc(last) if last is not None else None  # SQLite's max() of a timestamp: naive
-        seen[worker] = WorkerActivity(worker, items, tokens or 0, last, running.pop(worker, 0))
+        seen[worker] = WorkerActivity(
+            worker, items, tokens or 0, last, running.pop(worker, 0), stalled.get(worker, 0)
+        )
     for worker, count in running.items():
-        seen[worker] = WorkerActivity(worker, 0, 0, None, count)
+        seen[worker] = WorkerActivity(worker, 0, 0, None, count, stalled.get(worker, 0))
     return sorted(seen.values(), key=lambda activity: activity.worker)
 
 

@@ -132,7 +132,8 @@ def finalize_settled_jobs(session: Session) -> list[str]:
 
 
 def cancel_job(session: Session, *, job: Job) -> bool:
-    """Cancel a job that has not ended: pending items are cancelled, the one in flight finishes."""
+    """Cancel a job that has not ended: pending items are cancelled; the rows in flight are stopped by
+    their worker at its next check (they end cancelled); what finished is kept."""
     moved = changed_rows(
         session,
         update(Job)

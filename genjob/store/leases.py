@@ -207,8 +207,13 @@ def reclaim_expired_leases(
     job_id: str | None = None,
     max_attempts: int | None = None,
     limit: int = 10_000,
+    gave_up_counts: dict[str, int] | None = None,
+    handed_back: dict[str, int] | None = None,
 ) -> dict[str, tuple[str, list[int]]]:
-    """Take back open items whose lease ran out (their worker died): {job id: (queue, their seqs)}.
+    """Take back open items whose lease ran out (their worker died): {job id: (queue, their seqs)};
+    ``gave_up_counts``, where given, gets how many items of each job failed for good here (out of tries);
+    ``handed_back``, how many of those queued again their worker had handed back (pending: a graceful
+    stop or a fault ended the lease on purpose) rather than lost (still running: it died or stalled).
 
     Items of live jobs go back to pending, unleased, for the caller to queue again before it
     commits (if the commit is lost, the leases are still expired and a claim takes them anyway);
@@ -219,7 +224,7 @@ def reclaim_expired_leases(
     """
     now = now or utcnow()
     query = (
-        select(Item.id, Item.job_id, Item.seq, Item.attempts, Job.status, Job.queue)
+        select(Item.id, Item.job_id, Item.seq, Item.attempts, Job.status, Job.queue, Item.status)
         .join(Job, Job.id == Item.job_id)
         .where(Item.status.in_(list(OPEN_ITEM_STATUSES)), Item.lease_expires_at <= now)
         .order_by(Item.job_id, Item.seq)
@@ -236,7 +241,7 @@ def reclaim_expired_leases(
     by_fate: dict[ItemStatus, list[int]] = {}
     gave_up: dict[str, list[int]] = {}
     back: list[int] = []
-    for item_id, item_job_id, seq, attempts, job_status, queue in rows:
+    for item_id, item_job_id, seq, attempts, job_status, queue, item_status in rows:
         if job_status in TERMINAL_JOB_STATUSES:
             fate = ITEM_STATUS_FOR_ENDED_JOB.get(job_status, ItemStatus.FAILED)
             by_fate.setdefault(fate, []).append(item_id)
@@ -245,6 +250,8 @@ def reclaim_expired_leases(
         else:
             requeue.setdefault(item_job_id, (queue, []))[1].append(seq)
             back.append(item_id)
+            if handed_back is not None and item_status == ItemStatus.PENDING:
+                handed_back[item_job_id] = handed_back.get(item_job_id, 0) + 1
     for fate, ids in by_fate.items():
         session.execute(
             update(Item)
@@ -266,6 +273,8 @@ def reclaim_expired_leases(
             )
         )
         session.execute(update(Job).where(Job.id == failed_job).values(failed=Job.failed + len(ids)))
+        if gave_up_counts is not None:
+            gave_up_counts[failed_job] = gave_up_counts.get(failed_job, 0) + len(ids)
     if back:
         session.execute(
             update(Item)

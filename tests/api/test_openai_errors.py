@@ -137,3 +137,29 @@ def test_the_body_has_exactly_openais_fields(http: TestClient) -> None:
     assert set(wrong_method.json()["error"]) == {"message", "type", "param", "code"}
     native = http.get("/v1/jobs", params={"limit": 0}, headers=auth)
     assert (native.status_code, set(native.json()["error"])) == (422, {"code", "message", "details"})
+
+
+def test_expiry_parameters_are_refused_alike_in_one_line(http: TestClient, uploaded: str) -> None:
+    """Files last until deleted, output files as long as their batch: OpenAI's expiry parameters are
+    refused with the same 400 on files and batches, never accepted and ignored."""
+    client = sdk(http)
+    calls = [
+        lambda: client.files.create(
+            file=("b.jsonl", jsonl(LINES)),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 3600},
+        ),
+        lambda: client.batches.create(
+            input_file_id=uploaded,
+            endpoint="/v1/completions",
+            completion_window="24h",
+            extra_body={"output_expires_after": {"anchor": "created_at", "seconds": 3600}},
+        ),
+    ]
+    for call, name in zip(calls, ("expires_after", "output_expires_after"), strict=True):
+        error = fails(call, openai.BadRequestError)
+        assert (error.status_code, error.param, error.type) == (400, name, "invalid_request_error")
+        assert error.message == (
+            f"Error code: 400 - {name} is not supported: a file lasts until it is deleted "
+            "(DELETE /v1/files/{id}), a batch's output files as long as their batch"
+        )

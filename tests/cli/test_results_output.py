@@ -106,3 +106,21 @@ def test_a_read_only_filesystem_is_one_line_and_leaves_nothing(job: str, small_t
     result = invoke("results", job, "-o", str(target))
     assert (result.exit_code, result.output) == (1, f"Error: cannot write {target}: Read-only file system\n")
     assert list(small_tmpfs.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["results"], ["jobs"], ["status"]])
+def test_a_closed_pipe_stops_quietly_with_141(
+    job: str, embedded_env: str, tmp_path: Path, command: list[str]
+) -> None:
+    """`genjob results JOB | head -1`: the reader goes away before the output is written (here: at once)."""
+    from tests.support.processes import GENJOB
+
+    args = [*command, job] if command != ["jobs"] else command
+    env = {**os.environ, "GENJOB_DATABASE_URL": embedded_env}
+    process = subprocess.Popen(
+        [GENJOB, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone
+    stderr = process.stderr.read()
+    assert (process.wait(timeout=60), stderr) == (141, b"")

@@ -204,3 +204,38 @@ def test_collect_rates_a_job_from_its_results_at_once(embedded_env: str) -> None
 def test_sparkline_scales_to_its_largest_value() -> None:
     assert sparkline([0, 1, 2, None, 8]) == "▁▁▂ █"
     assert sparkline([None, 0.0]) == " ▁"
+
+
+def _lines(frame: Frame, width: int, height: int) -> list[str]:
+    console = Console(width=width, height=height, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render(frame, History(), width, height))
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_top_fits_80_by_24_with_a_line_for_the_jobs_left_out_and_a_stalled_worker() -> None:
+    frame = _frame()
+    frame.jobs = [frame.jobs[0]] * 30
+    frame.workers = [
+        WorkerView(WorkerActivity("w1", 4, 400, NOW, 2), 60, True),
+        WorkerView(WorkerActivity("w2", 0, 0, None, 3, stalled=3), 0, True),  # answers pings, no progress
+    ]
+    lines = _lines(frame, 80, 24)
+    assert len(lines) <= 24 and max(len(line) for line in lines) <= 80
+    assert lines[0] == "genjob top · 03:04:05 UTC · trends: 5 min"
+    assert lines[-6:] == [
+        "… 14 more jobs",
+        "workers · items: results in 5 min · tok/s: the last 30 s",
+        "worker  state    running  tok/s  items  last result",
+        "w1      online   2        2.0    4      0 s ago",
+        "w2      stalled  3        0.0    0      -",
+        "queues: gpu: 4 waiting",
+    ]
+    assert sum(1 for line in lines if line.startswith("abc123def456")) == 16
+
+
+def test_top_once_prints_columns_wide(embedded_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "30")
+    result = CliRunner().invoke(main, ["top", "--once"])
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 30
+    assert result.output.splitlines()[0].endswith("…")  # the caption cut, not wrapped

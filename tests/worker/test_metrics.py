@@ -136,3 +136,33 @@ def test_building_a_runner_is_timed_once_per_job(catalog: dict[str, str]) -> Non
     assert len(built) == 1
     assert value("genjob_model_load_seconds_count", model="qwen", mode="draft") == before_load + 1
     assert value("genjob_calibration_seconds_sum", model="qwen", mode="draft") == before_calibration + 2.0
+
+
+def test_a_faulted_chunk_and_failed_items_are_counted_by_model(catalog: dict[str, str]) -> None:
+    labels = {"model": "qwen", "queue": "q-fault", "mode": "draft", "worker": "w-fault"}
+    engine, outcome = Engine(), Outcome()
+    with (
+        pytest.raises(RuntimeError),
+        metrics.metered(
+            engine, outcome, model="/srv/models/qwen-7b", queue="q-fault", mode="draft", worker="w-fault"
+        ),
+    ):
+        engine.step()
+        outcome.failed, outcome.retried = 1, 2
+        raise RuntimeError("out of memory")
+    assert value("genjob_chunks_total", **labels, outcome="faulted") == 1
+    assert value("genjob_items_total", **labels, state="failed") == 1
+    assert value("genjob_items_total", **labels, state="retried") == 2
+    metrics.note_swept_items(
+        {"j1": ("/srv/models/qwen-7b", "q-fault", "draft")},
+        worker="w-fault",
+        retried={"j1": 5},
+        failed={"j1": 16, "gone": 3},
+    )
+    assert value("genjob_items_total", **labels, state="failed") == 17
+    assert value("genjob_items_total", **labels, state="retried") == 7
+
+
+def test_stalled_processes_are_a_gauge() -> None:
+    report = {"processes": [{"stalled": True}, {"stalled": False}]}
+    assert metrics.stalled_exposition(report).decode().splitlines()[-1] == "genjob_worker_stalled_processes 1"

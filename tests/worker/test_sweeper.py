@@ -82,3 +82,45 @@ def test_a_sweep_on_a_fresh_database_and_broker_says_nothing_and_finishes_what_i
         assert sweeper.sweep() == SweepReport()  # nothing left to do
     finally:
         broker.delete(broker_mark_key(url))
+
+
+def test_a_sweep_counts_lost_items_retried_and_exhausted_ones_failed_by_model(
+    blank_pg_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from genjob.worker.leasing import worker_name
+
+    url = blank_pg_url
+    db.upgrade(url)
+    settings = Settings(database_url=url, broker_url=REDIS_URL, queue=queue_name, max_attempts=3)
+    sweeper = Sweeper(create_app(settings))
+    try:
+        sweeper.sweep()
+        with session_scope(url) as session:
+            items = [PromptItem(i, i + 1, f"p{i}", None, None) for i in range(6)]
+            job = store.create_job(
+                session, spec=JobSpec(model="m-swept", mode="none"), items=items, queue=queue_name
+            )
+            job.status, job.queued_seq = "running", 6
+            session.flush()
+            lapsed = utcnow() - timedelta(seconds=1)
+            session.execute(
+                update(Item)
+                .where(Item.job_id == job.id)
+                .values(status="running", claimed_by="dead/1", lease_expires_at=lapsed, attempts=1)
+            )
+            session.execute(update(Item).where(Item.job_id == job.id, Item.seq < 2).values(attempts=3))
+            # handed back by a stopping worker: pending, its lease ended on purpose
+            session.execute(update(Item).where(Item.job_id == job.id, Item.seq == 5).values(status="pending"))
+        labels = {"model": "m-swept", "queue": queue_name, "mode": "none", "worker": worker_name()}
+        with caplog.at_level(logging.WARNING, logger="genjob"):
+            assert sweeper.sweep().reclaimed_items == 4
+        assert (
+            f"job {job.id}: 3 items lost with their worker (leases ran out unrenewed) and 1 item handed "
+            "back by a stopping or failing worker, queued again" in caplog.messages
+        )
+        assert REGISTRY.get_sample_value("genjob_items_total", {**labels, "state": "retried"}) == 4
+        assert REGISTRY.get_sample_value("genjob_items_total", {**labels, "state": "failed"}) == 2
+    finally:
+        redis.Redis.from_url(REDIS_URL).delete(broker_mark_key(url))
