@@ -1,0 +1,122 @@
+"""The K/V budget: how much memory a device can still give the K/V caches (``device_room``), how many
+waiting rows a batch can take within it (``plan_admission``), and the batch's row limit after an
+out-of-memory error (``BatchRoom``: halved, then a row more for each row that leaves).
+
+The caches (``SlotCache``, the target's and a draft model's) hold slots × capacity tokens, at
+``bytes_per_token`` each (both caches together); capacity is the longest row's prompt, new tokens and
+drafts. While they grow, the old buffers stay alive until copied: a growth with rows to keep costs old
++ new at its peak.
+Must not know: the database, Celery, HTTP, the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# What a CUDA device keeps back from the K/V caches: the forwards' activations (a prefill of the whole
+# batch the largest), the logits, the allocator's fragments. A tenth of the device, at least 1 GiB.
+MARGIN_FRACTION = 0.1
+MIN_MARGIN_BYTES = 1 << 30
+
+
+def device_room(device: torch.device) -> int | None:
+    """Bytes a CUDA device can still give K/V caches: its free memory and what torch's allocator holds
+    unused, less the margin. None off CUDA: no device bound (only GENJOB_KV_CACHE_BYTES). Read while
+    the caller's own caches are released, after its weights load."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    margin = max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * total))
+    return max(0, free + unused - margin)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the caches hold now: ``slots`` × ``capacity`` tokens, ``rows`` of them in use."""
+
+    slots: int
+    capacity: int
+    rows: int
+
+    def bytes_for(self, slots: int, capacity: int, per_token: int) -> int:
+        """Bytes held once there is room for ``slots`` × ``capacity`` (the old buffers counted while
+        they are copied into larger ones)."""
+        old = self.slots * self.capacity
+        new = max(slots, self.slots) * max(capacity, self.capacity)
+        copy = old if new > old and self.rows else 0
+        return (new + copy) * per_token
+
+
+@dataclass(frozen=True)
+class Admission:
+    rows: int  # waiting rows to admit now (the first ones)
+    slots: int  # slots to reserve
+    capacity: int  # tokens per slot to reserve
+
+
+def plan_admission(
+    held: Held,
+    row_capacities: Sequence[int],
+    waiting_capacities: Sequence[int],
+    *,
+    limit: int,
+    budget: int | None,
+    per_token: int,
+) -> Admission:
+    """The waiting rows (in order) to admit: up to ``limit`` rows in all, while the caches stay within
+    ``budget`` bytes (one row at least into an empty batch); the slots grow by doubling, within both."""
+    start = held.rows
+    capacity = max(row_capacities, default=0)
+    count = 0
+    for wanted in waiting_capacities[: max(0, limit - start)]:
+        wider = max(capacity, wanted)
+        if (
+            budget is not None
+            and start + count
+            and held.bytes_for(start + count + 1, wider, per_token) > budget
+        ):
+            break
+        capacity, count = wider, count + 1
+    slots = min(limit, max(start + count, 2 * held.slots))
+    while (
+        budget is not None and slots > start + count and held.bytes_for(slots, capacity, per_token) > budget
+    ):
+        slots -= 1
+    return Admission(count, max(slots, start + count), capacity)
+
+
+class BatchRoom:
+    """How many rows a batch may hold: its size (``max_rows``, the caller's), halved after an
+    out-of-memory error and growing back by a row for each row that leaves; and how many bytes its K/V
+    caches may hold (``budget``)."""
+
+    def __init__(self, kv_budget_bytes: int | None = None) -> None:
+        self.kv_budget_bytes = kv_budget_bytes  # GENJOB_KV_CACHE_BYTES (None: no bound of its own)
+        self.device_room: int | None = None  # on CUDA: ``device_room``, read whenever the caches are empty
+        self.oom_cap: int | None = None  # rows allowed since an out-of-memory error (None: max_rows)
+
+    @property
+    def budget(self) -> int | None:
+        """Bytes the K/V caches may hold: the setting's and the device's bounds (None: unbounded)."""
+        bounds = [b for b in (self.kv_budget_bytes, self.device_room) if b is not None]
+        return min(bounds) if bounds else None
+
+    def limit(self, max_rows: int) -> int:
+        return max_rows if self.oom_cap is None else max(1, min(max_rows, self.oom_cap))
+
+    def halve(self, rows: int, max_rows: int) -> int:
+        """Out of memory in a forward of ``rows`` rows: half as many from now on (a single row: the
+        model does not fit, raised again)."""
+        rows = min(self.limit(max_rows), max(1, rows))
+        if rows == 1:
+            raise torch.OutOfMemoryError("out of memory with a single row: the model does not fit")
+        self.oom_cap = rows // 2
+        return self.oom_cap
+
+    def row_left(self, max_rows: int) -> None:
+        if self.oom_cap is not None:
+            self.oom_cap = self.oom_cap + 1 if self.oom_cap + 1 < max_rows else None
