@@ -34,7 +34,7 @@ from genjob.generation.cost_timing import measure_grid
 from genjob.generation.costs import CostModel, choose_draft_length
 from genjob.generation.engine_stats import EngineStats, acceptance_estimates
 from genjob.generation.forward import cache_shapes, forward_rows, max_positions, to_device
-from genjob.generation.kv_budget import Admission, BatchRoom, Held, device_room, plan_admission
+from genjob.generation.kv_budget import Admission, BatchRoom, Held, device_room, give_back, plan_admission
 from genjob.generation.proposers import BatchView, Proposer
 from genjob.generation.requests import Finished, Request, Row, RowStats
 from genjob.generation.sampling import RowSampling, first_tokens, verify_drafts
@@ -159,7 +159,7 @@ class Engine:
         return keys
 
     def release(self) -> None:
-        """Give the K/V caches back (the target's and the proposer's; on CUDA to the device too). Rows
+        """Give the K/V caches back (the target's and the proposer's; to the device or system too). Rows
         in the batch wait again with their tokens (their caches are recomputed on admission); the next
         admission reserves the caches again."""
         self.waiting.extendleft(reversed(self.rows))
@@ -167,8 +167,7 @@ class Engine:
         self.cache.release()
         if self.proposer is not None:
             self.proposer.release()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        give_back(self.device)
 
     # --- admission: ragged prefill of the waiting rows into the slots after the last row -------------
     def _capacity_for(self, request: Request) -> int:
