@@ -159,15 +159,17 @@ class Engine:
         return keys
 
     def release(self) -> None:
-        """Give the K/V caches back (the target's and the proposer's; to the device or system too). Rows
-        in the batch wait again with their tokens (their caches are recomputed on admission); the next
-        admission reserves the caches again."""
+        """Give the K/V caches back (the target's and the proposer's, to the device or system): rows in
+        the batch wait again with their tokens (their caches recomputed when they are admitted again)."""
         self.waiting.extendleft(reversed(self.rows))
         self.rows = []
+        self._drop_caches()
+        give_back(self.device)
+
+    def _drop_caches(self) -> None:
         self.cache.release()
         if self.proposer is not None:
             self.proposer.release()
-        give_back(self.device)
 
     # --- admission: ragged prefill of the waiting rows into the slots after the last row -------------
     def _capacity_for(self, request: Request) -> int:
@@ -179,13 +181,10 @@ class Engine:
 
     def _admissible(self) -> Admission:
         """The waiting rows to admit now: up to the row limit, within the K/V budget."""
-        if not self.rows and self.cache.slots:  # nothing to keep: fresh buffers, no copy
-            self.release()
         if not self.cache.slots:  # the caches are empty: what the device can give them now
             self.room.device_room = device_room(self.device)
-        held = Held(self.cache.slots, self.cache.capacity, len(self.rows))
         return plan_admission(
-            held,
+            Held(self.cache.slots, self.cache.capacity, len(self.rows)),
             [self._capacity_for(row.request) for row in self.rows],
             [self._capacity_for(row.request) for row in self.waiting],
             limit=self.row_limit,
@@ -201,6 +200,8 @@ class Engine:
             return []
         started, start = time.perf_counter(), len(self.rows)
         self._at_risk = start + len(new)
+        if plan.fresh:  # no row to keep: new buffers, not a copy of the old ones
+            self._drop_caches()
         self.cache.reserve(plan.slots, plan.capacity)
         if self.proposer is not None:
             self.proposer.reserve(plan.slots, plan.capacity)

@@ -15,7 +15,7 @@ import ctypes
 import ctypes.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 import torch
 
@@ -79,6 +79,7 @@ class Admission:
     rows: int  # waiting rows to admit now (the first ones)
     slots: int  # slots to reserve
     capacity: int  # tokens per slot to reserve
+    fresh: bool = False  # the caches must grow and hold no row: drop them first (nothing to copy)
 
 
 def plan_admission(
@@ -91,7 +92,26 @@ def plan_admission(
     per_token: int,
 ) -> Admission:
     """The waiting rows (in order) to admit: up to ``limit`` rows in all, while the caches stay within
-    ``budget`` bytes (one row at least into an empty batch); the slots grow by doubling, within both."""
+    ``budget`` bytes (one row at least into an empty batch); the slots grow by doubling, within both.
+    Into an empty batch, the buffers held serve if large enough, else fresh ones replace them."""
+    within = partial(_plan, limit=limit, budget=budget, per_token=per_token)
+    if held.rows:
+        return within(held, row_capacities, waiting_capacities)
+    plan = within(Held(0, 0, 0), [], waiting_capacities)
+    if plan.slots <= held.slots and plan.capacity <= held.capacity:  # the buffers held serve
+        return Admission(plan.rows, held.slots, held.capacity)
+    return Admission(plan.rows, plan.slots, plan.capacity, fresh=bool(held.slots))
+
+
+def _plan(
+    held: Held,
+    row_capacities: Sequence[int],
+    waiting_capacities: Sequence[int],
+    *,
+    limit: int,
+    budget: int | None,
+    per_token: int,
+) -> Admission:
     start = held.rows
     capacity = max(row_capacities, default=0)
     count = 0

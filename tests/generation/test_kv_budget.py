@@ -54,6 +54,11 @@ def test_the_plan_admits_rows_while_the_caches_fit() -> None:
     # a longer row widens every slot: 3 × 300 + 2 × 100 tokens
     assert plan_admission(two, [100, 100], [300], limit=8, budget=10999, per_token=10).rows == 0
     assert plan_admission(two, [100, 100], [300], limit=8, budget=11000, per_token=10).rows == 1
+    # into an empty batch the buffers held serve if large enough, else fresh ones replace them (no copy)
+    idle = Held(slots=4, capacity=100, rows=0)
+    assert plan_admission(idle, [], [100] * 2, limit=8, budget=None, per_token=10) == Admission(2, 4, 100)
+    fresh = plan_admission(idle, [], [300] * 2, limit=8, budget=6000, per_token=10)
+    assert fresh == Admission(2, 2, 300, fresh=True)
 
 
 def test_the_budget_bounds_the_rows_admitted(target, prompt, rounds) -> None:
