@@ -4,8 +4,8 @@ out-of-memory error (``BatchRoom``: halved, then a row more for each row that le
 
 The caches (``SlotCache``, the target's and a draft model's) hold slots × capacity tokens, at
 ``bytes_per_token`` each (both caches together); capacity is the longest row's prompt, new tokens and
-drafts. While they grow, the old buffers stay alive until copied: a growth with rows to keep costs old
-+ new at its peak.
+drafts. They grow one layer at a time (``SlotCache.reserve``): a growth with rows to keep holds one
+layer's old buffers beside the new ones at its peak, within the device's margin.
 Must not know: the database, Celery, HTTP, the core.
 """
 
@@ -20,7 +20,7 @@ from functools import cache, partial
 import torch
 
 # What a CUDA device keeps back from the K/V caches: the forwards' activations (a prefill of the whole
-# batch the largest), the logits, the allocator's fragments. A tenth of the device, at least 1 GiB.
+# batch the largest), the logits, a layer's old caches while they grow, the allocator's fragments.
 MARGIN_FRACTION = 0.1
 MIN_MARGIN_BYTES = 1 << 30
 
@@ -66,12 +66,8 @@ class Held:
     rows: int
 
     def bytes_for(self, slots: int, capacity: int, per_token: int) -> int:
-        """Bytes held once there is room for ``slots`` × ``capacity`` (the old buffers counted while
-        they are copied into larger ones)."""
-        old = self.slots * self.capacity
-        new = max(slots, self.slots) * max(capacity, self.capacity)
-        copy = old if new > old and self.rows else 0
-        return (new + copy) * per_token
+        """Bytes held once there is room for ``slots`` × ``capacity`` (buffers never shrink)."""
+        return max(slots, self.slots) * max(capacity, self.capacity) * per_token
 
 
 @dataclass(frozen=True)

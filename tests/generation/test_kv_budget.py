@@ -46,14 +46,14 @@ def test_the_plan_admits_rows_while_the_caches_fit() -> None:
     assert plan_admission(empty, [], [100] * 10, limit=8, budget=3500, per_token=10) == Admission(3, 3, 100)
     assert plan_admission(empty, [], [100] * 10, limit=8, budget=None, per_token=10) == Admission(8, 8, 100)
     assert plan_admission(empty, [], [1000], limit=8, budget=3500, per_token=10).rows == 1  # one at least
-    # two rows held: a third grows the caches, the old buffers alive while copied (3 + 2 rows' worth)
+    # two rows held: a third grows the caches (the slots by doubling, as far as the budget allows)
     two = Held(slots=2, capacity=100, rows=2)
-    assert plan_admission(two, [100, 100], [100], limit=8, budget=4999, per_token=10).rows == 0
-    assert plan_admission(two, [100, 100], [100], limit=8, budget=5000, per_token=10) == Admission(1, 3, 100)
+    assert plan_admission(two, [100, 100], [100], limit=8, budget=2999, per_token=10).rows == 0
+    assert plan_admission(two, [100, 100], [100], limit=8, budget=3000, per_token=10) == Admission(1, 3, 100)
     assert plan_admission(two, [100, 100], [100], limit=8, budget=None, per_token=10) == Admission(1, 4, 100)
-    # a longer row widens every slot: 3 × 300 + 2 × 100 tokens
-    assert plan_admission(two, [100, 100], [300], limit=8, budget=10999, per_token=10).rows == 0
-    assert plan_admission(two, [100, 100], [300], limit=8, budget=11000, per_token=10).rows == 1
+    # a longer row widens every slot: 3 × 300 tokens
+    assert plan_admission(two, [100, 100], [300], limit=8, budget=8999, per_token=10).rows == 0
+    assert plan_admission(two, [100, 100], [300], limit=8, budget=9000, per_token=10).rows == 1
     # into an empty batch the buffers held serve if large enough, else fresh ones replace them (no copy)
     idle = Held(slots=4, capacity=100, rows=0)
     assert plan_admission(idle, [], [100] * 2, limit=8, budget=None, per_token=10) == Admission(2, 4, 100)
