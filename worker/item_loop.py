@@ -120,11 +120,7 @@ class ItemLoop:
         pending = len(self.finished) + len(self.failed)
         if not pending:
             return False
-        return (
-            not todo
-            or pending >= self._room()
-            or time.monotonic() - self.written_at > WRITE_EVERY_S
-        )
+        return not todo or pending >= self._room() or time.monotonic() - self.written_at > WRITE_EVERY_S
 
     # --- the batched loop ------------------------------------------------------------------------------
     def _room(self) -> int:
