@@ -13,8 +13,10 @@ A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched
      together (ragged, right-padded) into the freed slots at the next step.
 Every ``probe_every``-th round decodes plainly (k = 0) whatever the choice: those rounds time plain
 decoding at the same batch size, on the same rows, for the measured speedup (``EngineStats``).
-An out-of-memory error halves the batch: every row goes back to the queue with its tokens (their
-caches are recomputed on admission) and nothing fails. The device's one host sync per round is step 4.
+Memory (``kv_budget``): rows are admitted while the K/V caches stay within GENJOB_KV_CACHE_BYTES and,
+on CUDA, the device's room. An out-of-memory error halves the batch (every row goes back to the queue
+with its tokens, their caches recomputed on admission, and nothing fails); it grows back as rows
+leave. ``release`` gives the caches back (a chunk's end). The device's one host sync per round is step 4.
 Must not know: the database, Celery, HTTP, the core.
 """
 
@@ -32,6 +34,7 @@ from genjob.generation.cost_timing import measure_grid
 from genjob.generation.costs import CostModel, choose_draft_length
 from genjob.generation.engine_stats import EngineStats, acceptance_estimates
 from genjob.generation.forward import cache_shapes, forward_rows, max_positions, to_device
+from genjob.generation.kv_budget import Admission, BatchRoom, Held, device_room, give_back, plan_admission
 from genjob.generation.proposers import BatchView, Proposer
 from genjob.generation.requests import Finished, Request, Row, RowStats
 from genjob.generation.sampling import RowSampling, first_tokens, verify_drafts
@@ -51,7 +54,7 @@ class Engine:
     ``k_max`` bounds the draft length; ``fixed_k`` pins it (a constant γ: seeded sampled rows then
     repeat exactly at any batch size). ``costs`` drives the choice of k: a proposer's engine measures
     the thorough grid if none is given; plain decoding needs none.
-    ``kv_budget_bytes`` bounds the K/V caches: fewer rows are admitted when long rows need the room.
+    ``kv_budget_bytes`` bounds the K/V caches (on CUDA the device's room too, ``room``): see kv_budget.
     """
 
     def __init__(
@@ -79,7 +82,8 @@ class Engine:
             costs = measure_grid(target, draft_model, max_batch=max_rows, max_query=self.k_max + 1)
         self.costs = costs
         self.cache = SlotCache(cache_shapes(target), dtype=target.dtype, device=target.device)
-        self.kv_budget_bytes = kv_budget_bytes
+        self.room = BatchRoom(kv_budget_bytes)
+        self._at_risk = 0  # rows in the forward under way (what an out-of-memory error halves)
         self.context_limit = max_positions(target)
         self.rows: list[Row] = []
         self.waiting: deque[Row] = deque()  # admitted by the caller, not yet prefilled
@@ -98,13 +102,18 @@ class Engine:
         return len(self.rows) + len(self.waiting)
 
     @property
+    def row_limit(self) -> int:
+        """Rows the batch may hold now: ``max_rows``, or fewer since an out-of-memory error."""
+        return self.room.limit(self.max_rows)
+
+    @property
     def free_rows(self) -> int:
         """How many more requests to add now (the batch's room, bounded by the K/V budget)."""
-        room = self.max_rows
-        if self.kv_budget_bytes is not None and self.busy:
+        room, budget = self.row_limit, self.room.budget
+        if budget is not None and self.busy:
             longest = max(self._capacity_for(row.request) for row in (*self.rows, *self.waiting))
-            per_row = self._bytes_per_token() * longest
-            room = min(room, max(1, self.kv_budget_bytes // per_row))
+            per_row = self._bytes_per_token() * max(longest, self.cache.capacity)
+            room = min(room, max(1, budget // per_row))
         return max(0, room - self.busy)
 
     def add(self, requests: Iterable[Request]) -> None:
@@ -149,6 +158,19 @@ class Engine:
         self.rows, self.waiting = [], deque()
         return keys
 
+    def release(self) -> None:
+        """Give the K/V caches back (the target's and the proposer's, to the device or system): rows in
+        the batch wait again with their tokens (their caches recomputed when they are admitted again)."""
+        self.waiting.extendleft(reversed(self.rows))
+        self.rows = []
+        self._drop_caches()
+        give_back(self.device)
+
+    def _drop_caches(self) -> None:
+        self.cache.release()
+        if self.proposer is not None:
+            self.proposer.release()
+
     # --- admission: ragged prefill of the waiting rows into the slots after the last row -------------
     def _capacity_for(self, request: Request) -> int:
         return len(request.input_ids) + request.max_new_tokens + self.k_max + 1
@@ -157,18 +179,32 @@ class Engine:
         draft = getattr(self.proposer, "cache", None)
         return self.cache.bytes_per_token() + (draft.bytes_per_token() if isinstance(draft, SlotCache) else 0)
 
+    def _admissible(self) -> Admission:
+        """The waiting rows to admit now: up to the row limit, within the K/V budget."""
+        if not self.cache.slots:  # the caches are empty: what the device can give them now
+            self.room.device_room = device_room(self.device)
+        return plan_admission(
+            Held(self.cache.slots, self.cache.capacity, len(self.rows)),
+            [self._capacity_for(row.request) for row in self.rows],
+            [self._capacity_for(row.request) for row in self.waiting],
+            limit=self.row_limit,
+            budget=self.room.budget,
+            per_token=self._bytes_per_token(),
+        )
+
     @torch.inference_mode()
     def _admit(self) -> list[Finished]:
-        room = max(0, self.max_rows - len(self.rows))
-        new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        plan = self._admissible()
+        new = [self.waiting.popleft() for _ in range(plan.rows)]
         if not new:
             return []
         started, start = time.perf_counter(), len(self.rows)
-        capacity = max(self._capacity_for(row.request) for row in (*self.rows, *new))
-        slots = min(self.max_rows, max(start + len(new), 2 * self.cache.slots))
-        self.cache.reserve(slots, capacity)
+        self._at_risk = start + len(new)
+        if plan.fresh:  # no row to keep: new buffers, not a copy of the old ones
+            self._drop_caches()
+        self.cache.reserve(plan.slots, plan.capacity)
         if self.proposer is not None:
-            self.proposer.reserve(slots, capacity)
+            self.proposer.reserve(plan.slots, plan.capacity)
         fresh = [not row.tokens for row in new]
         inputs = [
             row.request.input_ids if is_fresh else row.context[:-1]
@@ -245,7 +281,7 @@ class Engine:
     def _round_of_decoding(self) -> list[Finished]:
         started = time.perf_counter()
         rows, device = self.rows, self.device
-        b = len(rows)
+        b = self._at_risk = len(rows)
         caps = [row.remaining - 1 for row in rows]
         caps = [
             c if row.request.draft_limit is None else min(c, row.request.draft_limit)
@@ -347,6 +383,7 @@ class Engine:
                 continue
             row.stats.wall_s = time.perf_counter() - row.admitted
             finished.append(Finished(key=row.request.key, token_ids=row.tokens, stats=row.stats))
+            self.room.row_left(self.max_rows)
             last = len(self.rows) - 1
             if slot != last:
                 moved = self.rows[last]
@@ -359,18 +396,8 @@ class Engine:
         return finished
 
     def _halve_after_oom(self) -> None:
-        """Out of device memory: every row waits again (tokens kept, caches dropped), half the batch."""
-        if self.max_rows == 1:
-            raise torch.OutOfMemoryError("out of memory with a single row: the model does not fit")
-        self.max_rows = max(1, self.max_rows // 2)
-        self.waiting.extendleft(reversed(self.rows))
-        self.rows = []
-        self.cache.release()
-        if self.proposer is not None:
-            self.proposer.release()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        """Out of device memory: every row waits again (tokens kept, caches dropped), the batch halved."""
+        rows = self.room.halve(self._at_risk, self.max_rows)
+        self.release()
         self.stats.oom_events += 1
-        log.warning(
-            "out of memory: batch halved to %d rows, %d rows resume", self.max_rows, len(self.waiting)
-        )
+        log.warning("out of memory: batch halved to %d rows, %d rows resume", rows, len(self.waiting))

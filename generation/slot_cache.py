@@ -6,7 +6,8 @@ columns lengths_r..lengths_r+q-1 (one indexed write per layer, no concatenation)
 0..width-1 of the rows in the forward (a view, no copy). Columns past a row's length are stale and
 masked. Rows are dense: a forward over rows [start, stop) slices the buffers, and a finished row's
 slot is filled by moving the last row into it (one slot copied, never the whole cache). Buffers grow
-(copied once) when more rows or columns are needed.
+(copied once) when more rows or columns are needed; ``release`` gives them back (a chunk ended, the
+device ran out of memory). How large they may grow: ``genjob.generation.kv_budget``.
 
 We chose this over the two layouts that keep one common length (left padding re-aligned by
 shifting rows every round, or masked holes that pile up mid-sequence): nothing is copied per round,
@@ -90,6 +91,10 @@ class SlotCache(Cache):
     def capacity(self) -> int:
         return int(self.slot_layers[0].buffers()[0].shape[2])
 
+    def held_bytes(self) -> int:
+        """Bytes the buffers hold now (every slot's every column, K and V of every layer)."""
+        return sum(buffer.nbytes for layer in self.slot_layers for buffer in layer.buffers())
+
     def bytes_per_token(self) -> int:
         """K and V of one token in every layer."""
         total = 0
@@ -118,7 +123,7 @@ class SlotCache(Cache):
                 buffer[target, :, :columns] = buffer[source, :, :columns]
 
     def release(self) -> None:
-        """Drop the buffers (after an out-of-memory error, say); ``reserve`` allocates them again."""
+        """Drop the buffers (their rows' K/V is lost); ``reserve`` allocates them again."""
         for layer in self.slot_layers:
             keys, values = layer.buffers()
             layer.keys, layer.values = keys[:0, :, :0].clone(), values[:0, :, :0].clone()

@@ -118,8 +118,9 @@ class Settings(BaseSettings):
     kv_cache_bytes: int | None = Field(
         default=None,
         ge=1 << 20,
-        description="Bound on a worker's K/V caches: fewer rows are batched when long rows need the room "
-        "(unset: only the batch size bounds them).",
+        description="Bound on a worker's K/V caches (target's and draft's): fewer rows are batched when long "
+        "rows need the room (unset: none on a CPU; on CUDA the device's free memory after the weights load, "
+        "less a margin, which a set value lowers but never raises).",
     )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads in workers.")
     cost_cache_dir: str | None = Field(

@@ -68,19 +68,22 @@ class ItemLoop:
     stop_seen: float | None = None
 
     def run(self, item_ids: list[int], *, keep_last: bool = False) -> None:
-        """``keep_last``: the last group's results are left in ``finished``, for the chunk's close."""
+        """``keep_last``: the last group's results are left in ``finished``, for the chunk's close.
+        However it ends, the runner's K/V caches are released: a finished job keeps no memory."""
         engine = self.runner.engine
         engine.max_rows = max(1, min(self.runner.batch_size, len(item_ids)))
-        self._batched(deque(item_ids))
-        if not keep_last or self.failed or self.alone:
-            self._write()
-        if self.alone:
-            engine.max_rows = 1
-            for item_id in self.alone:
-                if self.outcome.stopped or not self._single(item_id):
-                    self.outcome.stopped = True
-                    break
-        self.runner.batch_size = min(self.runner.batch_size, max(engine.max_rows, 1))
+        try:
+            self._batched(deque(item_ids))
+            if not keep_last or self.failed or self.alone:
+                self._write()
+            if self.alone:
+                engine.max_rows = 1
+                for item_id in self.alone:
+                    if self.outcome.stopped or not self._single(item_id):
+                        self.outcome.stopped = True
+                        break
+        finally:
+            self.runner.release()
 
     # --- writing and claiming, one transaction ----------------------------------------------------------
     def _sync(self, claim: list[int]) -> list[ClaimedItem]:
@@ -117,13 +120,14 @@ class ItemLoop:
         pending = len(self.finished) + len(self.failed)
         if not pending:
             return False
-        return (
-            not todo
-            or pending >= self.runner.engine.max_rows
-            or time.monotonic() - self.written_at > WRITE_EVERY_S
-        )
+        return not todo or pending >= self._room() or time.monotonic() - self.written_at > WRITE_EVERY_S
 
     # --- the batched loop ------------------------------------------------------------------------------
+    def _room(self) -> int:
+        """Rows the batch can hold now: its size, or fewer (the K/V budget, an out-of-memory error)."""
+        engine = self.runner.engine
+        return engine.busy + engine.free_rows
+
     def _batched(self, todo: deque[int]) -> None:
         engine = self.runner.engine
         checked = time.monotonic()
@@ -139,7 +143,7 @@ class ItemLoop:
                 self.outcome.skipped += len(todo)
                 todo.clear()
             want = min(engine.free_rows, len(todo))
-            refill = min(max(1, engine.max_rows // 4), len(todo))
+            refill = min(max(1, self._room() // 4), len(todo))
             if want and (want >= refill or not engine.busy):
                 for item in self._sync([todo.popleft() for _ in range(want)]):
                     self._admit(item)

@@ -111,11 +111,17 @@ class JobRunner:
     tokenizer: PreTrainedTokenizerBase
     eos_ids: frozenset[int]
     context: int | None
-    batch_size: int  # rows per batch on this worker (halved for good after an out-of-memory error)
+    batch_size: int  # rows per batch on this worker (the engine halves it for a while after an OOM)
     # Seconds this worker spent measuring costs for speculation (plain decoding measures none):
     # charged once to the job's speculative side, so its measured speedup stays honest for short jobs.
     setup_extra_s: float = 0.0
     cost_path: Path | None = None  # where the engine's costs are kept (``keep_costs``)
+
+    def release(self) -> None:
+        """Give the engine's K/V caches back (a chunk ended, or the runner is evicted): a finished job
+        keeps none; the job's next chunk here reserves them again. Its models stay loaded."""
+        self.engine.abandon()
+        self.engine.release()
 
     def take_setup_extra(self) -> float:
         extra, self.setup_extra_s = self.setup_extra_s, 0.0
@@ -221,7 +227,8 @@ class JobRunner:
 
 
 class RunnerCache:
-    """Per-process cache of job runners (models themselves are cached by name in ``loading``).
+    """Per-process cache of job runners (models themselves are cached by name in ``loading``); an
+    evicted runner's caches are released (``JobRunner.release``), as at the end of each chunk.
 
     ``build`` makes a job's runner: ``JobRunner.build`` in production; tests swap in a stand-in
     (a fixture in-process; ``tests/doubles/scripted_worker.py`` in a test worker process)."""
@@ -241,7 +248,8 @@ class RunnerCache:
                 note_runner_built(spec, time.perf_counter() - started, getattr(runner, "setup_extra_s", 0.0))
                 self._runners[job_id] = runner
                 while len(self._runners) > self._size:
-                    self._runners.popitem(last=False)
+                    _, evicted = self._runners.popitem(last=False)
+                    evicted.release()
             self._runners.move_to_end(job_id)
             return runner
 

@@ -147,6 +147,9 @@ class ScriptedRunner:
     def is_lossless_sample(self, seq: int) -> bool:
         return False
 
+    def release(self) -> None:  # no K/V caches to give back
+        pass
+
     def learn(self, done: Finished) -> None:  # no job cache to fill
         pass
 

@@ -1,5 +1,5 @@
-"""The engine's policies: the draft length it picks, probe rounds, stop sequences, the K/V budget and
-out-of-memory recovery, plain twins (draft_limit=0) — on tiny random models."""
+"""The engine's policies: the draft length it picks, probe rounds, stop sequences, plain twins
+(draft_limit=0) — on tiny random models. The K/V budget and out-of-memory recovery: test_kv_budget.py."""
 
 from __future__ import annotations
 
@@ -166,38 +166,6 @@ def test_stop_sequences_end_a_row_and_cut_its_text(target, tiny_pair) -> None:
     assert stop in kept and stop not in tokenizer.decode(done.token_ids[:-1])
     assert done.token_ids == full[: len(done.token_ids)]
     assert cut_at_stop(kept, [stop]) == text[: text.index(stop)]
-
-
-def test_the_kv_budget_bounds_the_rows(target, tiny_pair) -> None:
-    tokenizer = load_tokenizer(str(tiny_pair[0]))
-    engine = Engine(target, None, max_rows=8, k_max=0, costs=flat_costs(0))
-    per_row = engine.cache.bytes_per_token() * (len(tokenizer("x")["input_ids"]) + 20 + 1)
-    engine.kv_budget_bytes = 3 * per_row
-    engine.add([request(0, tokenizer("x")["input_ids"], 20)])
-    assert engine.free_rows == 2
-
-
-def test_out_of_memory_halves_the_batch_and_loses_nothing(target, tiny_pair, monkeypatch) -> None:
-    tokenizer = load_tokenizer(str(tiny_pair[0]))
-    engine = Engine(
-        target, DraftModel(perturbed(target, 1e-3)), max_rows=8, k_max=3, fixed_k=3, costs=flat_costs(3)
-    )
-    real = engine._round_of_decoding
-    calls = {"n": 0}
-
-    def flaky():
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real()
-
-    monkeypatch.setattr(engine, "_round_of_decoding", flaky)
-    requests = [request(i, tokenizer(f"for i in range({i}):")["input_ids"], 25) for i in range(8)]
-    results = {done.key: done for done in engine.generate(requests)}
-    assert engine.max_rows == 4 and engine.stats.oom_events == 1
-    reference = Reference(target)
-    for one in requests:
-        assert results[one.key].token_ids == reference(one.input_ids, 25, None)
 
 
 def test_the_ngram_index_finds_the_latest_earlier_occurrence() -> None:
