@@ -2,13 +2,11 @@
 sampled, rows joining as others leave (continuous batching). Token ids in, token ids out.
 
 A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched):
-  1. choose k (``choose_draft_length``: the most expected tokens per second from the measured
-     costs at this B and each row's acceptance so far, in mode auto its acceptance with the proposer
-     chosen for it this round, ``ProposerMix.row_acceptance``; 0 = plain decoding);
+  1. choose k (``choose_draft_length``: the most expected tokens per second from the costs at this B
+     and each row's acceptance, in mode auto with its proposer, ``ProposerMix.row_acceptance``; 0 = plain);
   2. the proposer guesses up to k tokens per row (none when k = 0);
   3. the target verifies [pending, d_1..d_k] of every row in one forward, (B, k+1) → logits;
-  4. ``verify_drafts`` keeps a_r drafts and one target token per row (one host sync per round:
-     the accepted counts and tokens come back together);
+  4. ``verify_drafts`` keeps a_r drafts and one target token per row (the round's one host sync);
   5. rows that hit an EOS id, a stop sequence or max_new_tokens leave; queued requests are prefilled
      together (ragged, right-padded) into the freed slots at the next step.
 Every ``probe_every``-th round decodes plainly (k = 0) whatever the choice: those rounds time plain
@@ -16,7 +14,7 @@ decoding at the same batch size, on the same rows, for the measured speedup (``E
 Memory (``kv_budget``): rows are admitted while the K/V caches stay within GENJOB_KV_CACHE_BYTES and,
 on CUDA, the device's room. An out-of-memory error halves the batch (every row goes back to the queue
 with its tokens, their caches recomputed on admission, and nothing fails); it grows back as rows
-leave. ``release`` gives the caches back (a chunk's end). The device's one host sync per round is step 4.
+leave. ``release`` gives the caches back (a chunk's end).
 Must not know: the database, Celery, HTTP, the core.
 """
 
