@@ -9,8 +9,8 @@ A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched
   4. ``verify_drafts`` keeps a_r drafts and one target token per row (the round's one host sync);
   5. rows that hit an EOS id, a stop sequence or max_new_tokens leave; queued requests are prefilled
      together (ragged, right-padded) into the freed slots at the next step.
-Every ``probe_every``-th round decodes plainly (k = 0) whatever the choice: those rounds time plain
-decoding at the same batch size, on the same rows, for the measured speedup (``EngineStats``).
+Every ``probe_every``-th round decodes plainly (k = 0): those rounds time plain decoding at the same
+batch size and rows, for the measured speedup (``EngineStats``).
 Memory (``kv_budget``): rows are admitted while the K/V caches stay within GENJOB_KV_CACHE_BYTES and,
 on CUDA, the device's room. An out-of-memory error halves the batch (every row goes back to the queue
 with its tokens, their caches recomputed on admission, and nothing fails); it grows back as rows
