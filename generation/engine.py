@@ -11,10 +11,9 @@ A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched
      together (ragged, right-padded) into the freed slots at the next step.
 Every ``probe_every``-th round decodes plainly (k = 0): those rounds time plain decoding at the same
 batch size and rows, for the measured speedup (``EngineStats``).
-Memory (``kv_budget``): rows are admitted while the K/V caches stay within GENJOB_KV_CACHE_BYTES and,
-on CUDA, the device's room. An out-of-memory error halves the batch (every row goes back to the queue
-with its tokens, their caches recomputed on admission, and nothing fails); it grows back as rows
-leave. ``release`` gives the caches back (a chunk's end).
+Memory (``kv_budget``): rows are admitted while the K/V caches fit GENJOB_KV_CACHE_BYTES and, on CUDA,
+the device's room. An out-of-memory error halves the batch (rows go back to the queue with their tokens,
+nothing fails); it grows back as rows leave. ``release`` gives the caches back (a chunk's end).
 Must not know: the database, Celery, HTTP, the core.
 """
 
