@@ -217,10 +217,13 @@ def test_a_mode_auto_round_waits_for_the_device_once(models) -> None:
     target, draft, tokenizer = models
     device = torch.device("cuda")
     mix = ProposerMix([PromptLookup(max_ngram=3), DraftModel(copy.deepcopy(draft).to(device))])
-    engine = Engine(copy.deepcopy(target).to(device), mix, max_rows=4, k_max=4, fixed_k=3, costs=flat_costs(4))
+    engine = Engine(
+        copy.deepcopy(target).to(device), mix, max_rows=4, k_max=4, fixed_k=3, costs=flat_costs(4)
+    )
     prompts = ["def f(x): return x + x + x + x", "hello", "def f(x): return x + x + x + x", "world"]
     engine.add(
-        Request(key=i, input_ids=tokenizer(text)["input_ids"], max_new_tokens=40) for i, text in enumerate(prompts)
+        Request(key=i, input_ids=tokenizer(text)["input_ids"], max_new_tokens=40)
+        for i, text in enumerate(prompts)
     )
     engine.step()  # admission (the prefill's own sync) and a first round
     torch.cuda.synchronize()
