@@ -14,6 +14,15 @@ engine), the prompts are the held-out chat prompts of every example task (``benc
 rendered by its chat template:
 
     taskset -c 1 .venv/bin/python bench/lossless.py --model smollm2 --n 100 --new 32 --batches 1,8,32
+
+With ``--dtype bfloat16`` (or ``float16``: what a GPU job gets) the engine and the oracle run in that dtype,
+and each row is also compared with the float32 oracle (the same prompts decoded plainly in float32): how
+many rows are identical to each, how many of their tokens agree before the first difference, and the
+half-precision oracle's top-2 gap where they first differ (no tie threshold: in half precision the
+verification of k + 1 tokens and the batch's size change the kernels' rounding, so a row can leave plain
+decoding at a gap far above 1e-4; the table measures how far it drifts, it does not fail):
+
+    nice .venv/bin/python bench/lossless.py --dtype bfloat16 --n 24 --new 64 --batches 1,8
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,15 +71,22 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,64")
     parser.add_argument("--modes", default="draft,prompt lookup,plain,auto", help="those the model has")
     parser.add_argument("--model", default="demo", help="demo (the pair) or a catalog name (smollm2)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
     torch.set_num_threads(1)
+    half = args.dtype != "float32"
     if args.model == "demo":
-        target, draft = load_model(str(DEMO / "target")), load_model(str(DEMO / "draft"))
+        target, draft = (
+            load_model(str(DEMO / "target"), dtype=args.dtype),
+            load_model(str(DEMO / "draft"), dtype=args.dtype),
+        )
         tokenizer = load_tokenizer(str(DEMO / "target"))
+        full = load_model(str(DEMO / "target")) if half else target
     else:
         settings = get_settings()
         location = resolve_model(settings, args.model, allow_paths=True).target
-        target = load_model(location, cache_dir=settings.model_cache_dir)
+        target = load_model(location, dtype=args.dtype, cache_dir=settings.model_cache_dir)
+        full = load_model(location, cache_dir=settings.model_cache_dir) if half else target
         tokenizer, draft = load_tokenizer(location, cache_dir=settings.model_cache_dir), None
     eos = eos_ids(target, tokenizer)
     context = max_positions(target) or 10**9
@@ -87,21 +104,38 @@ def main() -> None:
             prompts.append((ids, min(args.new, context - len(ids))))  # up to the context, never past it
     started = time.perf_counter()
     expected = [greedy(target, ids, new, eos) for ids, new in prompts]
+    in_fp32 = [greedy(full, ids, new, eos) for ids, new in prompts] if half else expected
     longest = max(len(ids) + new for ids, new in prompts)
     source = args.prompts.relative_to(ROOT) if draft is not None else "the example tasks' held-out chat"
     print(
         f"# {len(prompts)} prompts from {source}, up to {args.new} new tokens, longest prompt + output "
-        f"{longest} of the context's {context}; oracle {time.perf_counter() - started:.0f} s",
+        f"{longest} of the context's {context}; {args.dtype}; oracle {time.perf_counter() - started:.0f} s",
         flush=True,
     )
-    print("| B | proposer | rows | identical | differ at a near tie (≤1e-4) | differ otherwise |")
-    print("|---|---|---|---|---|---|")
+    if half:
+        plain_vs_fp32 = sum(a == b for a, b in zip(expected, in_fp32, strict=True))
+        print(
+            f"# plain {args.dtype} (transformers, B = 1) against plain float32: "
+            f"{plain_vs_fp32}/{len(prompts)} identical, "
+            f"{agreeing(expected, in_fp32):.0%} of tokens before the first difference",
+            flush=True,
+        )
+        print(
+            f"| B | proposer | rows | = plain {args.dtype} | = plain float32 | tokens agreeing with plain "
+            f"{args.dtype} | with float32 | top-2 gap where they first differ (median, max) |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+    else:
+        print("| B | proposer | rows | identical | differ at a near tie (≤1e-4) | differ otherwise |")
+        print("|---|---|---|---|---|---|")
     failures = 0
     for batch in [int(b) for b in args.batches.split(",")]:
         costs = measure_grid(target, draft, max_batch=batch, max_query=11)
         proposers: dict[str, object] = {"prompt lookup": PromptLookup(), "plain": None}
         if draft is not None:
             proposers = {"draft": DraftModel(draft), "prompt lookup": PromptLookup()}
+            if half:  # the engine's own plain rows: how much of the drift is the batch's
+                proposers["plain"] = None
         drafting = [DraftModel(draft)] if draft is not None else []
         proposers["auto"] = ProposerMix([PromptLookup(), SuffixLookup(SuffixCache()), *drafting])
         proposers = {name: proposers[name] for name in args.modes.split(",") if name in proposers}
@@ -117,6 +151,22 @@ def main() -> None:
                 got[done.key] = done.token_ids
                 if isinstance(proposer, ProposerMix):  # the job's suffix cache learns each output
                     proposer.add_output(done.token_ids)
+            rows = [got[i] for i in range(len(prompts))]
+            if half:
+                gaps = [
+                    gap
+                    for (ids, _), row, oracle in zip(prompts, rows, expected, strict=True)
+                    if (gap := gap_where_they_differ(target, ids, row, oracle)) is not None
+                ]
+                same = sum(a == b for a, b in zip(rows, expected, strict=True))
+                same_fp32 = sum(a == b for a, b in zip(rows, in_fp32, strict=True))
+                spread = f"{statistics.median(gaps):.2g}, {max(gaps):.2g}" if gaps else "–"
+                print(
+                    f"| {batch} | {name} | {len(prompts)} | {same} | {same_fp32} | "
+                    f"{agreeing(rows, expected):.0%} | {agreeing(rows, in_fp32):.0%} | {spread} |",
+                    flush=True,
+                )
+                continue
             ties, other, gaps = 0, 0, []
             for i, (ids, _) in enumerate(prompts):
                 gap = gap_where_they_differ(target, ids, got[i], expected[i])
@@ -132,6 +182,17 @@ def main() -> None:
             detail = f" (gaps {', '.join(f'{g:.1e}' for g in gaps)})" if gaps else ""
             print(f"| {batch} | {name} | {len(prompts)} | {same} | {ties} | {other}{detail} |", flush=True)
     return 1 if failures else 0
+
+
+def agreeing(rows: list[list[int]], oracles: list[list[int]]) -> float:
+    """The share of the oracles' tokens that the rows repeat before their first difference."""
+    kept = 0
+    for row, oracle in zip(rows, oracles, strict=True):
+        kept += next(
+            (j for j, (a, b) in enumerate(zip(row, oracle, strict=False)) if a != b),
+            min(len(row), len(oracle)),
+        )
+    return kept / max(1, sum(len(oracle) for oracle in oracles))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from genjob.generation.engine_stats import PRIOR_WEIGHT as ROW_WEIGHT
+from genjob.generation.forward import to_device
 from genjob.generation.proposers import BatchView, Proposal, Proposer
 from genjob.generation.requests import Row
 
@@ -149,7 +150,8 @@ class ProposerMix:
         counts = [0] * b
         proposals = {name: self.proposers[name].propose(view, k) for name in chosen}
         mine = {name: [r for r, row in enumerate(rows) if row.proposer == name] for name in chosen}
-        index = {name: torch.tensor(slots, device=tokens.device) for name, slots in mine.items()}
+        # through pinned memory, non-blocking: a torch.tensor(..., device=) here waited for the queued drafts
+        index = {name: to_device(slots, tokens.device) for name, slots in mine.items()}
         for name, proposal in proposals.items():
             tokens[index[name]] = proposal.tokens[index[name]]
             for r in mine[name]:

@@ -14,7 +14,9 @@ with backoff on a dropped connection; this module never knows which database it 
 land where they belong: a model that cannot load fails the job; anything else that fails while this
 worker holds items (its device, out of memory in warm-up, a bug) costs each held item a try and ends
 its lease at once (``WorkerFault``), so a flapping worker cannot loop a job forever: after
-``GENJOB_MAX_ATTEMPTS`` the items fail with the error and the job ends.
+``GENJOB_MAX_ATTEMPTS`` the items fail with the error and the job ends. A sticky device error (CUDA's
+illegal memory access, a device-side assert: ``genjob.worker.devices``) is such a fault, marked
+``sticky``: the task then ends this process, whose device would fail every later chunk.
 Must not know: HTTP, the CLI.
 """
 
@@ -32,6 +34,7 @@ from genjob.generation.costs import expected_speedup
 from genjob.generation.engine_stats import EngineStats
 from genjob.generation.loading import ModelLoadError
 from genjob.settings import Settings
+from genjob.worker.devices import is_sticky_device_error
 from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop
 from genjob.worker.leasing import RENEWER, lease_holder
 from genjob.worker.metrics import metered
@@ -43,7 +46,12 @@ log = logging.getLogger(__name__)
 
 class WorkerFault(RuntimeError):
     """This worker failed while holding a chunk's items (not the job's fault): each held item's try
-    was counted and its lease ended, for a sweeper to queue it again."""
+    was counted and its lease ended, for a sweeper to queue it again. ``sticky``: the device is unusable
+    in this process (the process must exit)."""
+
+    def __init__(self, message: str, *, sticky: bool = False) -> None:
+        super().__init__(message)
+        self.sticky = sticky
 
 
 def measurements(
@@ -227,4 +235,4 @@ def _fault(
         max_attempts=settings.max_attempts,
     )
     tx(store.finalize_job, job_id=job_id)
-    return WorkerFault(f"job {job_id}: {error}")
+    return WorkerFault(f"job {job_id}: {error}", sticky=is_sticky_device_error(exc))

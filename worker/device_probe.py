@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,12 @@ PROBE_TIMEOUT_S = 300.0  # a device that has not run a 64×64 matmul by then is 
 
 class DeviceUnusable(RuntimeError):
     """The worker's device cannot start or run a warm-up computation."""
+
+
+class Probed(NamedTuple):
+    device: str  # the device's name, as the probe resolved it (cuda:0, cpu)
+    pid: int  # the process it ran in
+    cuda_devices: int  # the CUDA devices that process saw (0 where the device is not CUDA)
 
 
 def check_device(device: str) -> str:
@@ -42,9 +49,10 @@ def check_device(device: str) -> str:
     return str(resolved)
 
 
-def probe_device(device: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, int]:
+def probe_device(device: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> Probed:
     """``check_device`` in a new Python process (not a fork of this one), so that this process runs no
-    torch op and creates no CUDA context: (the device's name, the pid it ran in), or DeviceUnusable."""
+    torch op and creates no CUDA context: the device's name, the pid it ran in and the CUDA devices it
+    saw (``genjob.worker.devices`` gives each pool process one), or DeviceUnusable."""
     code = "import sys; from genjob.worker.device_probe import _probe_main; _probe_main(sys.argv[1])"
     try:
         done = subprocess.run(
@@ -57,7 +65,7 @@ def probe_device(device: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[st
     lines = done.stdout.strip().splitlines()
     answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
     if done.returncode == 0 and "device" in answer:
-        return str(answer["device"]), int(answer["pid"])
+        return Probed(str(answer["device"]), int(answer["pid"]), int(answer.get("cuda_devices", 0)))
     errors = done.stderr.strip().splitlines()
     reason = answer.get("error") or (errors[-1] if errors else f"the probe exited {done.returncode}")
     raise DeviceUnusable(str(reason))
@@ -66,7 +74,11 @@ def probe_device(device: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[st
 def _probe_main(device: str) -> None:
     """The probe process's body: one JSON line on stdout (``device`` and ``pid``, or ``error``)."""
     try:
-        print(json.dumps({"device": check_device(device), "pid": os.getpid()}))
+        name = check_device(device)
+        import torch
+
+        cuda = torch.cuda.device_count() if name.startswith("cuda") else 0
+        print(json.dumps({"device": name, "pid": os.getpid(), "cuda_devices": cuda}))
     except DeviceUnusable as exc:
         print(json.dumps({"error": str(exc)}))
         sys.exit(1)

@@ -10,7 +10,8 @@ lossless check).
 
 Faults: an item whose prompt cannot be decoded here (too long for the context) fails alone. If a
 round raises, the batch is lost: its items go back (their try counted) and run one at a time after
-the rest, with the usual bounded retries, so a poison item fails alone and its batch-mates finish.
+the rest, with the usual bounded retries, so a poison item fails alone and its batch-mates finish;
+a sticky device error is no batch's fault (``genjob.worker.devices``): it goes up, a worker fault.
 Cancel and expiry are checked at every claim and about once a second: no new item is claimed after
 them, the rows that finished are kept, and the rows in flight leave the batch at once (their items
 end ``cancelled`` or ``expired``, as their job). On a graceful stop (SIGTERM,
@@ -35,6 +36,7 @@ from genjob.settings import Settings
 from genjob.store.chunks import Rows
 from genjob.store.claims import ClaimedItem
 from genjob.worker.chunk_context import ChunkContext, ChunkOutcome
+from genjob.worker.devices import is_sticky_device_error
 from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, result_row
 from genjob.worker.stopping import stopping
 
@@ -154,6 +156,8 @@ class ItemLoop:
             try:
                 finished = engine.step()
             except Exception as exc:  # the batch is lost: its items go back, to be run one by one
+                if is_sticky_device_error(exc):
+                    raise  # not the batch's fault: every later round would fail too (a worker fault)
                 self._lose_batch(exc)
                 continue
             self.context.beat()  # a round ended: the chunk moves, its leases are renewed
@@ -342,6 +346,8 @@ class ItemLoop:
                 self._write()
                 return True
             except Exception as exc:
+                if is_sticky_device_error(exc):
+                    raise  # a worker fault: the item goes back with the rest (``chunks._fault``)
                 engine.abandon()
                 self.in_flight.pop(item_id)
                 self.twins.pop(item_id, None)

@@ -49,12 +49,21 @@ def assert_fork_safe() -> None:
 
 
 def run_worker(
-    app: Celery, *, queue: str, concurrency: int, hostname: str, loglevel: str, extra: Sequence[str] = ()
+    app: Celery,
+    *,
+    queue: str,
+    concurrency: int,
+    hostname: str,
+    loglevel: str,
+    extra: Sequence[str] = (),
+    devices: Sequence[str] | None = None,
 ) -> None:
-    """Run ``app``'s worker until it is stopped (acks late, prefetch one chunk, no mingle)."""
+    """Run ``app``'s worker until it is stopped (acks late, prefetch one chunk, no mingle). ``devices``:
+    each pool process's device by index (``genjob.worker.devices.pool_devices``); None: the setting's."""
     importlib.import_module("genjob.worker.chunks")  # torch and transformers: imported, nothing run
     settings: Settings = app.genjob_settings
     app.conf.worker_concurrency = concurrency  # the pool children read it (``pool_threads``)
+    app.genjob_pool_devices = list(devices) if devices else None  # each child takes its own
     threads = pool_threads(settings, concurrency)
     why = "GENJOB_TORCH_THREADS" if settings.torch_threads else f"{usable_cores()} cores ÷ {concurrency}"
 

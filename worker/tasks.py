@@ -9,12 +9,15 @@ with items that failed for good, or whose worker failed holding it (``WORKER FAU
 Failed count), the kind and counts in the exception's text. That changes nothing in how the message is
 delivered: a task that raises is acknowledged like one that returns (acks late, acks on failure),
 never retried (no autoretry; the exception is expected, logged without a traceback), so the chunk is
-not run again.
+not run again. A fault that is a sticky device error (``genjob.worker.devices``) is different: its items
+given back, the pool process exits (``DeviceLost``, a SystemExit), Celery starts a fresh one on the same
+device, and the chunk's message, a lost worker's, goes back to the queue (acks late) for it.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 from celery import Celery, Task
@@ -26,6 +29,13 @@ from genjob.db import RETRYABLE_DB_ERRORS
 log = logging.getLogger(__name__)
 
 MAX_TASK_RETRY_DELAY_S = 60
+
+
+class DeviceLost(SystemExit):
+    """This pool process's device is unusable until the process ends: it exits (``EXIT_DEVICE_LOST``)."""
+
+
+EXIT_DEVICE_LOST = 70  # EX_SOFTWARE
 
 
 class ChunkNotClean(Exception):
@@ -56,6 +66,12 @@ def register_tasks(app: Celery) -> None:
         from genjob.worker.leasing import RENEWER
 
         RENEWER.end_when_stalled = True  # a pool process that stalls is killed: Celery replaces it
+
+    @worker_process_init.connect(weak=False)
+    def _take_device(**_kwargs) -> None:
+        from genjob.worker.devices import take_pool_device
+
+        take_pool_device(app)  # cuda:i for the i-th process, in its own copy of the settings
 
     @worker_process_init.connect(weak=False)
     def _set_threads(**_kwargs) -> None:
@@ -91,9 +107,15 @@ def register_tasks(app: Celery) -> None:
             delay = min(5 * 2**self.request.retries, MAX_TASK_RETRY_DELAY_S)
             log.error("job %s: database unavailable (%s); chunk queued again in %d s", job_id, exc, delay)
             raise self.retry(exc=exc, countdown=delay, max_retries=None) from exc
-        except WorkerFault:
+        except WorkerFault as fault:
             if self.request.is_eager:
                 raise
+            if fault.sticky:  # its items are back: this process goes, a fresh one takes its place
+                log.error("job %s: the device is unusable in this process; it exits: %s", job_id, fault)
+                # billiard answers a child's exit with a SIGTERM to it: that must not raise the stop
+                # flag that this process shares with the worker's others (``catch_sigterm_in_pool``)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                raise DeviceLost(EXIT_DEVICE_LOST) from fault
             raise ChunkNotClean({"chunk": "WORKER FAULT", "done": 0, "failed": 0, "skipped": 0}) from None
         log.info("job %s chunk %s: %s", job_id, chunk, outcome)
         result = chunk_result(outcome)

@@ -48,7 +48,14 @@ def current() -> None:
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("-Q", "--queue", help="Queue to consume (default: GENJOB_QUEUE).")
-@click.option("-c", "--concurrency", type=int, default=1, show_default=True, help="Processes (1 per GPU).")
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Pool processes; on CUDA one per GPU (cuda:0 … cuda:N-1), at most the GPUs it sees.",
+)
 @click.option("-n", "--hostname", default="genjob@%h", show_default=True, help="Worker name in Flower.")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.option(
@@ -71,7 +78,9 @@ def worker(
     own: a device that cannot start or run a warm-up computation stops it before
     it takes any chunk (exit 1, one line saying why). Each pool process uses
     GENJOB_TORCH_THREADS torch threads (default: the cores this worker may use
-    ÷ --concurrency). Acks late, prefetches one chunk, loads models once per process. Extra
+    ÷ --concurrency). On CUDA (GENJOB_DEVICE cuda, or auto with a GPU) the i-th
+    pool process uses cuda:i, and -c above the GPUs it sees is refused; with
+    cpu every process uses the CPU. Acks late, prefetches one chunk, loads models once per process. Extra
     arguments go to `celery worker` as they are. With --metrics-port, the
     pool processes' metrics are served from the main process (Prometheus
     multiprocess mode, in PROMETHEUS_MULTIPROC_DIR or a temporary directory).
@@ -85,17 +94,24 @@ def worker(
     # worker) makes every forward many times slower. OMP_WAIT_POLICY set by the user wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from genjob.worker.device_probe import DeviceUnusable, probe_device
+    from genjob.worker.devices import TooManyProcesses, pool_devices
 
     try:
-        device, probed_in = probe_device(settings.device)
+        probed = probe_device(settings.device)
     except DeviceUnusable as exc:  # a worker that can only fail must not take chunks
         raise click.ClickException(
             f"worker not started: {exc}; set GENJOB_DEVICE to a device this machine has (cpu, cuda:0…)"
         ) from exc
+    try:
+        devices = pool_devices(settings.device, concurrency, probed.cuda_devices)
+    except TooManyProcesses as exc:
+        raise click.ClickException(f"worker not started: {exc}") from exc
     click.echo(
-        f"device {device}: its warm-up computation ran in a process of its own ({probed_in})",
+        f"device {probed.device}: its warm-up computation ran in a process of its own ({probed.pid})",
         err=True,
     )
+    if len(set(devices)) > 1:
+        click.echo(f"pool processes' devices: {', '.join(devices)}", err=True)
     port = metrics_port or settings.metrics_port
     if port is not None:
         _serve_metrics(port)
@@ -109,6 +125,7 @@ def worker(
         hostname=hostname,
         loglevel=loglevel,
         extra=celery_args,
+        devices=devices,
     )
 
 

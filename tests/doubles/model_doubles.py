@@ -11,6 +11,9 @@ and each item decides its own behaviour:
   ``hold-while=PATH``    wait while the file PATH exists (a job that cannot end before the test lets it)
   ``hang-once=PATH``     the first process to get here creates PATH and hangs for good inside the round
                          (a lock taken twice, as a pool process deadlocked in C code); later tries pass
+  ``cuda-error-once=PATH`` the first process to get here writes its pid to PATH and raises a sticky CUDA
+                         error (an illegal memory access), as does every later step in that process;
+                         other processes pass
 
 With no directive an item takes no time at all (the no-op engine of the pipeline benchmarks).
 Each step finishes every row it holds (up to the batch size), through the same item loop as the real
@@ -36,11 +39,30 @@ from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
 
-DIRECTIVE = re.compile(r"\b(sleep|poison-while|pid-file|hold-while|hang-once|rounds)=(\S+)|\b(poison)\b")
+DIRECTIVE = re.compile(
+    r"\b(sleep|poison-while|pid-file|hold-while|hang-once|cuda-error-once|rounds)=(\S+)|\b(poison)\b"
+)
+ILLEGAL_ADDRESS = (
+    "CUDA error: an illegal memory access was encountered\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+    "might be incorrect."
+)
+DEVICE_BROKEN: list[str] = []  # this process's sticky error, once it had one
 
 
 class PoisonError(RuntimeError):
     pass
+
+
+def break_the_device_once(marker: Path) -> None:
+    """The first caller (across processes) breaks this process's "device" for good."""
+    try:
+        descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(descriptor, str(os.getpid()).encode())
+    os.close(descriptor)
+    DEVICE_BROKEN.append(ILLEGAL_ADDRESS)
 
 
 def hang_the_first_time(marker: Path) -> None:
@@ -89,6 +111,8 @@ class ScriptedEngine:
         rows = [self.queue[index] for index in range(min(self.max_rows, len(self.queue)))]
         started = time.perf_counter()
         for request in rows:
+            if DEVICE_BROKEN:  # sticky: nothing runs on this process's device any more
+                raise RuntimeError(DEVICE_BROKEN[0])
             prompt = self.prompts[abs(request.key)]
             for key, value, poison in DIRECTIVE.findall(prompt):
                 if poison or (key == "poison-while" and Path(value).exists()):
@@ -101,6 +125,10 @@ class ScriptedEngine:
                     time.sleep(0.05)
                 if key == "hang-once":
                     hang_the_first_time(Path(value))
+                if key == "cuda-error-once":
+                    break_the_device_once(Path(value))
+                    if DEVICE_BROKEN:
+                        raise RuntimeError(DEVICE_BROKEN[0])
         finished = []
         seconds = time.perf_counter() - started
         for request in rows:

@@ -179,3 +179,60 @@ def test_second_tokens_follow_the_target_with_mixed_proposers(peaked_pair) -> No
     expected = torch.cat([p_target[top], (1 - p_target[top].sum()).reshape(1)]).double()
     assert engine.stats.accepted > 0 and engine.stats.rejections > 0
     assert chi_square(observed, expected) < CHI2_999[len(top) - 1 if len(top) > 4 else 4]
+
+
+ROUND_MODULES = [
+    "engine", "proposers", "proposer_mix", "draft_model", "suffix_cache", "sampling", "slot_cache", "forward",
+]  # fmt: skip
+
+
+def test_host_values_reach_the_device_through_to_device_in_the_round() -> None:
+    """``torch.tensor(host values, device=...)`` copies from pageable memory and waits for every kernel the
+    device has queued (a sync mid-round on CUDA); the round's modules use ``forward.to_device`` instead."""
+    import ast
+
+    import genjob.generation
+
+    package = Path(genjob.generation.__file__).parent
+    found = []
+    for name in ROUND_MODULES:
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("tensor", "as_tensor")
+                and any(keyword.arg == "device" for keyword in node.keywords)
+            ):
+                found.append(f"{name}.py:{node.lineno}")
+    assert found == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs are its matter")
+def test_a_mode_auto_round_waits_for_the_device_once(models) -> None:
+    """Mode auto with rows drafting from different proposers: the round's one host sync is its outcome."""
+    import copy
+    import warnings
+
+    target, draft, tokenizer = models
+    device = torch.device("cuda")
+    mix = ProposerMix([PromptLookup(max_ngram=3), DraftModel(copy.deepcopy(draft).to(device))])
+    engine = Engine(
+        copy.deepcopy(target).to(device), mix, max_rows=4, k_max=4, fixed_k=3, costs=flat_costs(4)
+    )
+    prompts = ["def f(x): return x + x + x + x", "hello", "def f(x): return x + x + x + x", "world"]
+    engine.add(
+        Request(key=i, input_ids=tokenizer(text)["input_ids"], max_new_tokens=40)
+        for i, text in enumerate(prompts)
+    )
+    engine.step()  # admission (the prefill's own sync) and a first round
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert engine.step() == []
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
