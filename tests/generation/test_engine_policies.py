@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposers import NgramIndex, PromptLookup
 from genjob.generation.requests import Request
 from genjob.generation.stopping import cut_at_stop, stop_check
-from tests.support.engine import Reference, flat_costs, perturbed, request
+from tests.support.engine import Reference, flat_costs, perturbed, request, syncs_in_one_round
 from tests.support.models import build_model, build_tokenizer
 
 
@@ -195,14 +194,5 @@ def test_a_round_waits_for_the_device_once(target, tiny_pair, temperature) -> No
     engine.add(
         Request(key=i, input_ids=ids, max_new_tokens=40, temperature=temperature, seed=i) for i in range(4)
     )
-    engine.step()  # admission (the prefill's own sync) and a first round
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert engine.step() == []  # one round, nobody admitted, nobody finished
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    syncs = syncs_in_one_round(engine)
     assert len(syncs) == 1, syncs

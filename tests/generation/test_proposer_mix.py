@@ -23,7 +23,7 @@ from tests.generation.test_sampling import (  # noqa: F401 (peaked_pair: a fixtu
     peaked_pair,
     second_token_distribution,
 )
-from tests.support.engine import Reference, flat_costs, request
+from tests.support.engine import Reference, flat_costs, request, syncs_in_one_round
 
 
 class Fixed:
@@ -212,7 +212,6 @@ def test_host_values_reach_the_device_through_to_device_in_the_round() -> None:
 def test_a_mode_auto_round_waits_for_the_device_once(models) -> None:
     """Mode auto with rows drafting from different proposers: the round's one host sync is its outcome."""
     import copy
-    import warnings
 
     target, draft, tokenizer = models
     device = torch.device("cuda")
@@ -225,14 +224,5 @@ def test_a_mode_auto_round_waits_for_the_device_once(models) -> None:
         Request(key=i, input_ids=tokenizer(text)["input_ids"], max_new_tokens=40)
         for i, text in enumerate(prompts)
     )
-    engine.step()  # admission (the prefill's own sync) and a first round
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert engine.step() == []
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    syncs = syncs_in_one_round(engine)
     assert len(syncs) == 1, syncs

@@ -91,3 +91,20 @@ def flat_costs(k_max: int = 8, draft_step: float = 0.05) -> CostModel:
 
 def request(key: int, ids: list[int], max_new_tokens: int, eos: int | None = None) -> Request:
     return Request(key=key, input_ids=ids, max_new_tokens=max_new_tokens, eos_ids=frozenset({eos} - {None}))
+
+
+def syncs_in_one_round(engine) -> list[str]:
+    """The host syncs CUDA reports during one round of ``engine`` (after a first step admitted its
+    rows: the prefill's own sync is not counted); the round must finish no row."""
+    import warnings
+
+    engine.step()  # admission (the prefill's own sync) and a first round
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert engine.step() == []  # one round, nobody admitted, nobody finished
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
