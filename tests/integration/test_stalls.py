@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from genjob.worker.stop_deadline import STOP_MARGIN_S
+from genjob.worker.stop_deadline import EXIT_AFTER_S, STOP_MARGIN_S
 from tests.support.jobs import assert_exactly_once, live_leases, lost_attempts, wait_for_job_end
 from tests.support.processes import FAST_RECOVERY, free_port, service_env, submit
 from tests.support.prompts import prompts_file
@@ -111,7 +111,9 @@ def test_sigterm_ends_a_worker_whose_pool_process_hangs_within_the_grace(
     os.kill(first.pid, signal.SIGTERM)  # to the main process only, as `docker stop` sends it
     first.process.wait(timeout=grace + STOP_MARGIN_S + 30)
     took = time.monotonic() - stopped_at
-    assert took < grace + STOP_MARGIN_S + 3, took
+    # the deadline kills the hung process at grace + margin; Celery's own exit then takes ~3-4 s here
+    # (b8278ed too), and the deadline ends the process itself EXIT_AFTER_S after the kill at the latest
+    assert took < grace + STOP_MARGIN_S + EXIT_AFTER_S + 1, took
     assert gone(pid)
     assert live_leases(pg_url, job_id) == 0  # ended, not left to run out (a minute)
     assert f"pool process {pid} had not stopped: killed; its leases on " in first.log()
