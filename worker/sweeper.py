@@ -104,12 +104,7 @@ class Sweeper:
         reclaimed = leases.reclaim_expired_leases(
             session, max_attempts=self.settings.max_attempts, gave_up_counts=gave_up, handed_back=handed_back
         )
-        for job_id, (queue, seqs) in reclaimed.items():
-            words = reclaimed_words(len(seqs), handed_back.get(job_id, 0))
-            log.warning("job %s: %s, queued again", job_id, words)
-            ranges = store.seq_runs(seqs, self.settings.chunk_size)
-            publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
-        if reclaimed or gave_up:
+        if reclaimed or gave_up:  # counted first: between the publishing and the commit, nothing else
             jobs = {
                 job_id: (model, queue, str(mode))
                 for job_id, model, queue, mode in session.execute(
@@ -118,6 +113,13 @@ class Sweeper:
             }
             retried = {job_id: len(seqs) for job_id, (_, seqs) in reclaimed.items()}
             note_swept_items(jobs, worker=worker_name(), retried=retried, failed=gave_up)
+        # Published last, just before the commit: until it commits, these rows stay locked, and a claim
+        # skips locked rows (SKIP LOCKED), so a worker quick to take the message would skip the item.
+        for job_id, (queue, seqs) in reclaimed.items():
+            words = reclaimed_words(len(seqs), handed_back.get(job_id, 0))
+            log.warning("job %s: %s, queued again", job_id, words)
+            ranges = store.seq_runs(seqs, self.settings.chunk_size)
+            publish_ranges(self.app, job_id=job_id, queue=queue, ranges=ranges)
         return sum(len(seqs) for _, seqs in reclaimed.values())
 
     def _finish_stalled_queueing(self) -> int:
