@@ -21,7 +21,7 @@ from genjob.tables import Job
 from genjob.worker.sweeper import BROKER_MARK_TTL_S, broker_mark_key
 from tests.support.databases import REDIS_URL, pg_database, throwaway_queue
 from tests.support.models import cache_hub_model, save_pair
-from tests.support.processes import COST_CACHE_DIR
+from tests.support.processes import COST_CACHE_DIR, RedisServer
 
 # Hub ids the tests submit with no model behind them (the scripted stand-in, or jobs no worker runs):
 # submit takes a hub id only from the local Hugging Face cache, so the suite's own cache holds them.
@@ -127,6 +127,15 @@ def embedded_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.chdir(tmp_path)
     get_settings.cache_clear()
     return url
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (a restart or a flush reaches no other test)."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

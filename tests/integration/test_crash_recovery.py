@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,14 +60,6 @@ def test_sigkill_mid_chunk_loses_and_duplicates_nothing(
     assert lost_attempts(pg_url, job_id) == 1  # the killed try, closed when its lease ran out
     if victim == "pool-child":
         assert "WorkerLostError" in owner.log() or "SIGKILL" in owner.log()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_redis_restart_mid_job_and_submit_during_the_outage(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -23,14 +21,6 @@ from genjob.settings import Settings, get_settings
 from genjob.worker.celery_app import create_app
 from genjob.worker.sweeper import Sweeper, broker_mark_key
 from tests.support.processes import RedisServer
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def queued_ranges(broker_url: str, queue: str) -> Counter[tuple[str, int, int]]:
