@@ -89,14 +89,15 @@ _LAYOUTS: weakref.WeakKeyDictionary[PreTrainedModel, AttentionLayout] = weakref.
 def attention_layout(model: PreTrainedModel) -> AttentionLayout:
     """The model's ``AttentionLayout``, from a one-token forward into transformers' own cache for its
     config (which holds a sliding layer as ``DynamicSlidingWindowLayer``), found once per model.
-    ``UnsupportedModel`` for what its config refuses (``model_kinds``) or a cache layer of any other
-    kind (chunked, linear or state-space layers)."""
+    ``UnsupportedModel`` for what its config refuses (``model_kinds``), an attention implementation it
+    cannot hand a mask, or a cache layer of any other kind (chunked, linear or state-space layers)."""
     layout = _LAYOUTS.get(model)
     if layout is not None:
         return layout
     reason = decoding_refusal(model.config.to_dict())
     if reason is not None:
         raise UnsupportedModel(reason)
+    _attention_mask(model, torch.ones(1, 1, 1, 1, dtype=torch.bool))  # an attention it cannot mask: now
     cache = DynamicCache(config=model.config)
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
     with torch.inference_mode():
