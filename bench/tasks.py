@@ -18,6 +18,9 @@ decoding: the count that differ is shown (float noise may flip a near tie, nothi
     taskset -c 1 .venv/bin/python bench/tasks.py                    # every task, B = 1, 4, 16, 64
     taskset -c 1 .venv/bin/python bench/tasks.py --tasks rewrite --batches 1,8 --n 16
     taskset -c 1 .venv/bin/python bench/tasks.py --dtype bfloat16   # a CPU with AMX: see docs
+
+Modes ``prompt lookup@64`` and ``auto@64`` price every round at the grid's 64 cached tokens (no long grid),
+as genjob did before its costs knew the context: an A/B of that change in one process.
 """
 
 from __future__ import annotations
@@ -82,21 +85,29 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
         modes = [m for m in args.modes if m != "hf prompt lookup" or batch == 1]
         runs = {mode: engine_bench.Tally() for mode in modes}
         job_outputs = SuffixLookup(SuffixCache())  # mode auto without a draft: lookup and the job's outputs
+        short_outputs = SuffixLookup(SuffixCache())  # the same for "auto@64"
         proposers = {
             "plain": None,
             "prompt lookup": PromptLookup(),
             "auto": ProposerMix([PromptLookup(), job_outputs]),
+            "prompt lookup@64": PromptLookup(),
+            "auto@64": ProposerMix([PromptLookup(), short_outputs]),
         }
         engines = {
             mode: Engine(
-                target, proposers[mode], max_rows=batch, k_max=LOOKUP_TOKENS, costs=replace(costs, scale={})
+                target,
+                proposers[mode],
+                max_rows=batch,
+                k_max=LOOKUP_TOKENS,
+                # "@64": every round priced at the grid's 64 cached tokens, as before the long grid
+                costs=replace(costs, scale={}, long=None if mode.endswith("@64") else costs.long),
             )
             if proposers[mode] is not None
             else Engine(target, None, max_rows=batch)
             for mode in modes
             if mode in proposers
         }
-        learners = {"auto": job_outputs.add_output}
+        learners = {"auto": job_outputs.add_output, "auto@64": short_outputs.add_output}
         for done, group in enumerate(groups, 1):
             if done % 8 == 0:
                 print(f"# {task} B={batch}: group {done}/{len(groups)}", file=sys.stderr, flush=True)
@@ -130,7 +141,7 @@ def run_task(args, target, tokenizer, eos, pad, task: str, report: list[dict]) -
         plain = runs[modes[0]]  # the baseline: plain decoding unless --modes leaves it out
         greedy = [(prompt_of[k], out) for k, out in plain.outputs.items()]
         for mode, run in runs.items():
-            lookup = mode in ("prompt lookup", "auto")
+            lookup = mode.split("@")[0] in ("prompt lookup", "auto")
             differ = sum(run.outputs[k] != plain.outputs[k] for k in plain.outputs)
             row = {
                 "task": task,

@@ -44,7 +44,8 @@ from genjob.generation.loading import load_model
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 7 * 24 * 3600
-FORMAT = 3  # bump when what the file holds changes meaning (3: CPU weights laid out by lay_out_for_cpu)
+# Bump when what the file holds changes meaning (3: CPU weights laid out by lay_out_for_cpu; 4: long grid).
+FORMAT = 4
 PRIOR_WEIGHT = 1.0  # a quick prior's rows
 CALIBRATED_WEIGHT = 3.0  # a steady thorough grid's rows (``genjob calibrate``); a busy one counts 1
 

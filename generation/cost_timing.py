@@ -4,9 +4,13 @@
 3, 4, 6, 8, … ≤ max_query in several interleaved passes, each point's fastest; ``quick_prior`` times
 only the batch sizes a job needs (the one in use and B = 1) at a few q, twice each after a warm-up
 forward: a fraction of a second for a small model on a CPU, so a job decodes from its first round and
-the live scale (``CostModel.observe``) learns the rest. Both time dummy tokens at a representative
-cache length (a sync around each forward on a GPU) and make the points non-decreasing in q and in B
-(noise only ever adds time, so a point dearer than a larger one takes the larger one's).
+the live scale (``CostModel.observe``) learns the rest. Both time dummy tokens at a short cache
+(``context``, 64 tokens) and again at a long one (``LONG_CONTEXT``, or what the model's context allows),
+so a round is priced at its rows' real cached length (``CostModel.long``: a verification's attention and
+the K/V it reads grow with it, a plain step's most, so pricing every round at 64 tokens made long drafts
+look cheap or dear by the prompt); a sync around each forward on a GPU; the points are made
+non-decreasing in q and in B (noise only ever adds time, so a point dearer than a larger one takes the
+larger one's).
 Must not know: the database, Celery, HTTP, the core.
 """
 
@@ -21,7 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from genjob.generation.costs import CostModel
-from genjob.generation.forward import cache_shapes, forward_rows
+from genjob.generation.forward import cache_shapes, forward_rows, max_positions
 from genjob.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
@@ -30,6 +34,8 @@ SLOW_FORWARD_S = 0.5  # stop growing the grid's batch sizes past a forward this 
 STEADY_TOLERANCE = 0.15  # a measurement is steady when most points' two best passes agree this closely
 GRID_QUERIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 PRIOR_QUERIES = (1, 2)  # and the job's largest: linear in between
+SHORT_CONTEXT = 64  # cached tokens per row of the grid's forwards…
+LONG_CONTEXT = 512  # …and of the long grid's (rows of real jobs hold hundreds), less where the model stops
 
 
 def grid_batches(max_batch: int) -> list[int]:
@@ -46,7 +52,7 @@ def measure_grid(
     *,
     max_batch: int,
     max_query: int,
-    context: int = 64,
+    context: int = SHORT_CONTEXT,
     passes: int = 3,
 ) -> CostModel:
     """The thorough grid: every B of ``grid_batches`` (stopping early once a forward takes over half a
@@ -76,13 +82,46 @@ def measure(
     queries: Sequence[int],
     passes: int,
     repeats: int,
-    context: int = 64,
+    context: int = SHORT_CONTEXT,
     drop_slow: bool = True,
+    long: bool = True,
 ) -> CostModel:
     """Time ``queries`` at ``batches`` (ascending): a warm-up pass, then ``passes`` interleaved passes
     of ``repeats`` forwards per point, each point's fastest kept; with ``drop_slow``, larger batches
-    are dropped once a forward takes over ``SLOW_FORWARD_S`` in the warm-up."""
+    are dropped once a forward takes over ``SLOW_FORWARD_S`` in the warm-up. With ``long``, the batches
+    kept are timed again at ``long_context`` cached tokens (``CostModel.long``)."""
     started = time.perf_counter()
+    model = _measure_at(target, draft, batches, queries, passes, repeats, context, drop_slow)
+    longest = long_context(target, draft, context, queries[-1]) if long else None
+    if longest is not None:
+        model.long = _measure_at(target, draft, model.batch_sizes, queries, passes, repeats, longest, False)
+        model.steady = model.steady and model.long.steady
+    model.measure_seconds = time.perf_counter() - started
+    log.info("cost model: measured in %.2f s: %s", model.measure_seconds, model.as_dict())
+    return model
+
+
+def long_context(
+    target: PreTrainedModel, draft: PreTrainedModel | None, context: int, max_query: int
+) -> int | None:
+    """The long grid's cached length: ``LONG_CONTEXT``, or less where a model's context ends sooner
+    (None where it leaves no more than twice the short grid's, too close to tell growth from noise)."""
+    limits = [max_positions(model) for model in (target, draft) if model is not None]
+    room = min([LONG_CONTEXT, *(limit - max_query - 1 for limit in limits if limit)])
+    return room if room >= 2 * context else None
+
+
+def _measure_at(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    batches: Sequence[int],
+    queries: Sequence[int],
+    passes: int,
+    repeats: int,
+    context: int,
+    drop_slow: bool,
+) -> CostModel:
+    """One grid at ``context`` cached tokens per row (``measure``)."""
     timers = {b: _Timer(target, draft, b, queries[-1], context, repeats) for b in batches}
     verify = {b: [float("inf")] * len(queries) for b in batches}
     drafts = {b: float("inf") if draft is not None else 0.0 for b in batches}
@@ -113,8 +152,6 @@ def measure(
         drafts[smaller] = min(drafts[smaller], drafts[larger])
     model = CostModel(measured, list(queries), verify, drafts, context)
     model.steady = _steady([times for (b, _), times in kept.items() if b in verify])
-    model.measure_seconds = time.perf_counter() - started
-    log.info("cost model: measured in %.2f s: %s", model.measure_seconds, model.as_dict())
     return model
 
 

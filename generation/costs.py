@@ -83,6 +83,9 @@ class CostModel:
     # (``cost_timing``): a measurement taken while the machine was busy is kept with less weight.
     measure_seconds: float = 0.0
     steady: bool = True
+    # The same forwards timed at a longer cache (``long.context``): a row's real cached length puts a
+    # round between the two, linearly (attention and the K/V it reads grow with it; None: not measured).
+    long: CostModel | None = None
 
     def __post_init__(self) -> None:
         for b in self.batch_sizes:
@@ -97,13 +100,21 @@ class CostModel:
         above = [b for b in rows if b >= batch]
         return bool(below and above) and (batch in rows or min(above) <= 2 * max(below))
 
-    def verify_seconds(self, batch: int, q: int) -> float:
-        """A forward of q tokens per row at ``batch`` rows: the plain step at ``batch`` (from every batch
-        row), times how much dearer q tokens are than one there (from the rows measured up to q).
+    def verify_seconds(self, batch: int, q: int, context: float | None = None) -> float:
+        """A forward of q tokens per row at ``batch`` rows with ``context`` tokens cached per row (the
+        grid's own ``context`` when None): the plain step at ``batch`` (from every batch row), times how
+        much dearer q tokens are than one there (from the rows measured up to q), then placed between
+        this grid and the long one by ``context`` (``_at_context``).
 
         A row measured only at q = 1 (the batch-size probe, ``_suggested`` in the worker) knows nothing
         of q > 1: extrapolated, it made q tokens cost q plain steps, and a grid of such rows around a
         job's batch size made every draft look dear (a demo job ran k = 0 in every round)."""
+        short = self._verify_here(batch, q)
+        if self.long is None or context is None:
+            return short
+        return self._at_context(short, self.long._verify_here(batch, q), context)
+
+    def _verify_here(self, batch: int, q: int) -> float:
         plain = _interpolate(self.batch_sizes, [self._row_at(b, 1) for b in self.batch_sizes], batch)
         if q <= 1:
             return plain
@@ -112,18 +123,29 @@ class CostModel:
         growth = [self._row_at(b, q) / self._row_at(b, 1) for b in covering]
         return plain * _clamped(covering, growth, batch)
 
+    def _at_context(self, short: float, long: float, context: float) -> float:
+        """Linear in the cached length through (``context``, short) and (``long.context``, long), never
+        cheaper than the short grid's figure: noise that made the long forward faster means no growth."""
+        assert self.long is not None
+        growth = max(long - short, 0.0) / (self.long.context - self.context)
+        return max(short + growth * (context - self.context), short * 0.5, 1e-9)
+
     def _row_at(self, batch: int, q: int) -> float:
         return _interpolate(self.query_lengths, self.verify[batch], q)
 
-    def draft_seconds(self, batch: int) -> float:
-        return _interpolate(self.batch_sizes, [self.draft[b] for b in self.batch_sizes], batch)
+    def draft_seconds(self, batch: int, context: float | None = None) -> float:
+        short = _interpolate(self.batch_sizes, [self.draft[b] for b in self.batch_sizes], batch)
+        if self.long is None or context is None or not short:
+            return short
+        return self._at_context(short, self.long.draft_seconds(batch), context)
 
-    def predicted(self, batch: int, k: int) -> float:
-        """The model's seconds for a round: k draft steps and a verification of k+1 tokens per row."""
-        return k * self.draft_seconds(batch) + self.verify_seconds(batch, k + 1)
+    def predicted(self, batch: int, k: int, context: float | None = None) -> float:
+        """The model's seconds for a round: k draft steps and a verification of k+1 tokens per row, the
+        rows holding ``context`` cached tokens on average (the grid's own when None)."""
+        return k * self.draft_seconds(batch, context) + self.verify_seconds(batch, k + 1, context)
 
-    def round_seconds(self, batch: int, k: int) -> float:
-        predicted = self.predicted(batch, k)
+    def round_seconds(self, batch: int, k: int, context: float | None = None) -> float:
+        predicted = self.predicted(batch, k, context)
         return predicted * max(self.scale_for(k), 0.5)
 
     def scale_for(self, k: int) -> float:
@@ -135,11 +157,12 @@ class CostModel:
             return 1.0
         return self.scale[min(self.scale, key=lambda seen: (abs(seen - k), seen))]
 
-    def observe(self, batch: int, k: int, seconds: float) -> None:
-        """A live round of ``batch`` rows took ``seconds``: move k's scale towards measured ÷ predicted.
-        The first round of all sets it; a k seen for the first time starts from its nearest neighbour's,
-        so a single slow round moves it by only ``LIVE_UP`` of the gap."""
-        ratio = seconds / self.predicted(batch, k)
+    def observe(self, batch: int, k: int, seconds: float, context: float | None = None) -> None:
+        """A live round of ``batch`` rows holding ``context`` cached tokens on average took ``seconds``:
+        move k's scale towards measured ÷ predicted. The first round of all sets it; a k seen for the
+        first time starts from its nearest neighbour's, so a single slow round moves it by only
+        ``LIVE_UP`` of the gap."""
+        ratio = seconds / self.predicted(batch, k, context)
         self.scale_rounds[k] = self.scale_rounds.get(k, 0) + 1
         if not self.scale:
             self.scale[k] = ratio
@@ -165,6 +188,7 @@ class CostModel:
             "query_lengths": self.query_lengths,
             "verify_ms": {str(b): [round(s * 1e3, 4) for s in self.verify[b]] for b in self.batch_sizes},
             "draft_step_ms": {str(b): round(self.draft[b] * 1e3, 4) for b in self.batch_sizes},
+            **({"long": self.long.as_dict()} if self.long is not None else {}),
         }
 
     def to_json(self) -> dict[str, object]:
@@ -179,6 +203,7 @@ class CostModel:
             "row_weight": {str(b): self.row_weight[b] for b in self.batch_sizes},
             "row_query": {str(b): self.row_query[b] for b in self.batch_sizes},
             "scale": {str(k): [value, self.kept_scale_weight(k)] for k, value in sorted(self.scale.items())},
+            **({"long": self.long.to_json()} if self.long is not None else {}),
         }
 
     def kept_scale_weight(self, k: int) -> float:
@@ -205,6 +230,7 @@ class CostModel:
             row_weight={b: float(weights.get(str(b), 1.0)) for b in batches},
             row_query={b: int(reach.get(str(b), queries[-1])) for b in batches},
             scale_weight={k: w for k, (_, w) in scale.items()},
+            long=cls.from_json(data["long"]) if data.get("long") else None,
         )
 
     def merged(self, new: CostModel, *, weight: float) -> CostModel:
@@ -243,6 +269,7 @@ class CostModel:
         )
         model.scale, model.scale_weight = dict(self.scale), dict(self.scale_weight)
         model.measure_seconds, model.steady = new.measure_seconds, new.steady
+        model.long = _merged_long(self.long, new.long, weight=weight)
         return model
 
     def with_scale_of(self, live: CostModel) -> CostModel:
@@ -257,6 +284,13 @@ class CostModel:
             model.scale[k] = (old_w * old + new_w * live.scale[k]) / (old_w + new_w)
             model.scale_weight[k] = min(old_w + new_w, SCALE_WEIGHT_CAP)
         return model
+
+
+def _merged_long(kept: CostModel | None, new: CostModel | None, *, weight: float) -> CostModel | None:
+    """The long grids merged as the short ones are; one measured at another length replaces the kept."""
+    if kept is None or new is None or kept.context != new.context:
+        return new if new is not None else kept
+    return kept.merged(new, weight=weight)
 
 
 def expected_tokens(acceptance: float, drafts: int) -> float:
@@ -274,17 +308,19 @@ def choose_draft_length(
     k_max: int,
     current: int,
     margin: float = 0.05,
+    context: float | None = None,
 ) -> int:
     """The k maximising expected tokens per second for these rows (``acceptance`` a_i, ``room`` the
     most drafts row i can use: its proposals and its tokens left − 1); ``current`` unless another k
     is better by more than ``margin``. The margin guards only the way up: k = 0 (plain decoding) is
-    taken as soon as it pays best, since a round spent drafting on a hunch is a loss nothing repays."""
+    taken as soon as it pays best, since a round spent drafting on a hunch is a loss nothing repays.
+    ``context``: the rows' mean cached length, which the round's costs are priced at."""
     batch = len(acceptance)
     k_max = min(k_max, max(room, default=0))  # drafts nobody can use would be verified for nothing
     best_k, best, at_current = 0, -1.0, -1.0
     for k in range(k_max + 1):
         tokens = sum(expected_tokens(a, min(k, m)) for a, m in zip(acceptance, room, strict=True))
-        goodput = tokens / costs.round_seconds(batch, k)
+        goodput = tokens / costs.round_seconds(batch, k, context)
         if goodput > best:
             best_k, best = k, goodput
         if k == current:

@@ -249,8 +249,9 @@ class Engine:
             any_top_p=any(row.request.top_p < 1 for row in rows),
         )
 
-    def _choose_k(self, room: list[int]) -> tuple[int, bool]:
-        """(k for this round, whether it is a plain probe round)."""
+    def _choose_k(self, room: list[int], cached: float) -> tuple[int, bool]:
+        """(k for this round, whether it is a plain probe round); ``cached``: the rows' mean cached
+        length, which the costs are priced at."""
         self._round += 1
         if self.proposer is None or self.k_max == 0:
             return 0, False
@@ -267,7 +268,9 @@ class Engine:
             estimates = [
                 mine if mine is not None else e for e, mine in zip(estimates, own(self.rows), strict=True)
             ]
-        self.k = choose_draft_length(self.costs, estimates, room, k_max=self.k_max, current=self.k)
+        self.k = choose_draft_length(
+            self.costs, estimates, room, k_max=self.k_max, current=self.k, context=cached
+        )
         self._plain_streak = self._plain_streak + 1 if self.k == 0 else 0
         if self._plain_streak >= EXPLORE_EVERY:  # counted apart from probe rounds, which never explore
             self._plain_streak = 0
@@ -285,8 +288,9 @@ class Engine:
             for c, row in zip(caps, rows, strict=True)
         ]
         available = self.proposer.available(rows, self.k_max) if self.proposer is not None else [0] * b
-        k, probe = self._choose_k([min(a, c) for a, c in zip(available, caps, strict=True)])
         old_lengths = [len(row.context) - 1 for row in rows]
+        cached = sum(old_lengths) / b
+        k, probe = self._choose_k([min(a, c) for a, c in zip(available, caps, strict=True)], cached)
         pending = to_device([row.tokens[-1] for row in rows], device)
         positions = to_device([len(row.tokens) for row in rows], device)
         sampling = self._sampling(rows)
@@ -344,7 +348,7 @@ class Engine:
             check_tokens=check_tokens,
         )
         if not probe and self.costs is not None:
-            self.costs.observe(b, k, seconds)
+            self.costs.observe(b, k, seconds, cached)
         return self._remove_finished()
 
     def _extend(self, row: Row, new: list[int]) -> int:
