@@ -35,6 +35,7 @@ from genjob.formats.lines import (
 )
 from genjob.formats.openai_lines import parse_openai_line
 from genjob.formats.tokenizing import SubmitTokenizer
+from genjob.options import item_max_new_tokens, max_new_tokens_problem
 
 MAX_REPORTED_ERRORS = 20
 
@@ -52,11 +53,10 @@ def _parse_line(
 def _check_line(parsed: ParsedLine, limits: InputLimits) -> None:
     """The checks every format shares, on a parsed line."""
     tokens = parsed.max_new_tokens
-    if tokens is not None and not 1 <= tokens <= limits.max_new_tokens_limit:
+    problem = max_new_tokens_problem(tokens, limits.max_new_tokens_limit) if tokens is not None else None
+    if problem is not None:
         field = parsed.max_new_tokens_field
-        raise LineProblem(
-            f"field '{field}': must be between 1 and {limits.max_new_tokens_limit}, got {tokens}", field
-        )
+        raise LineProblem(f"field '{field}': {problem}", field)
     check_storable(parsed.prompt, parsed.prompt_field)
     check_storable(parsed.custom_id, parsed.id_field)
 
@@ -173,7 +173,9 @@ def _read(
         )
         too_long = None
         if tokenizer is not None and max_new_tokens is not None:
-            too_long = tokenizer.context_problem(item.prompt, item.max_new_tokens or max_new_tokens)
+            too_long = tokenizer.context_problem(
+                item.prompt, item_max_new_tokens(item.max_new_tokens, max_new_tokens)
+            )
         if too_long is not None:
             yield LineError(number, f"field '{parsed.prompt_field}': {too_long}", parsed.prompt_field)
             continue

@@ -251,11 +251,11 @@ def test_prompt_longer_than_a_local_models_context_is_refused_at_submit(
     errors = result.output.removeprefix("Error: ").splitlines()
     assert errors[0].startswith("p.jsonl:2: field 'prompt': ")
     assert errors[0].endswith(
-        f"tokens + max_new_tokens 16 exceeds the context of 512 tokens of model {target}"
+        f"tokens + max_new_tokens 16 exceeds the model's context of 512 tokens (model {target})"
     )
     assert errors[1] == (
-        f"p.jsonl:3: field 'prompt': 1 tokens + max_new_tokens 600 exceeds the context of 512 tokens "
-        f"of model {target}"
+        f"p.jsonl:3: field 'prompt': prompt of 1 tokens + max_new_tokens 600 exceeds the model's context "
+        f"of 512 tokens (model {target})"
     )
     assert stored_counts(pg_env) == before
 
