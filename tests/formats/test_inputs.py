@@ -12,7 +12,7 @@ from sqlalchemy import select
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.formats.lines import InputFileError, InputLimits
-from genjob.formats.reader import check_prompts
+from genjob.formats.reader import LineChecks, check_prompts
 from genjob.tables import Item
 from tests.support.databases import REDIS_URL
 from tests.support.jobs import stored_counts
@@ -210,7 +210,7 @@ def test_a_stream_over_the_size_limit_stops_there(tmp_path: Path) -> None:
 
     data = (GOOD + "\n").encode() * 200
     with pytest.raises(InputFileError) as info:
-        check_prompts(io.BytesIO(data), source="upload", limits=InputLimits(max_file_bytes=1024))
+        check_prompts(io.BytesIO(data), LineChecks(InputLimits(max_file_bytes=1024)), source="upload")
     assert str(info.value) == (
         "upload: the file is larger than that, over the limit of 1024 bytes (GENJOB_MAX_UPLOAD_BYTES)"
     )
