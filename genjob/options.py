@@ -10,7 +10,7 @@ Must not know: click, FastAPI, torch, the workers.
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,6 +18,7 @@ from genjob.constants import DecodingMode, DraftSchedule, InputFormat, OpenAIEnd
 
 NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
 MODEL_NAME_CHARS = 500
+T = TypeVar("T")
 
 # The defaults and bounds that Settings may change (GENJOB_MAX_NEW_TOKENS, GENJOB_MAX_NEW_TOKENS_LIMIT,
 # GENJOB_BATCH_SIZE), declared here once: Settings, the JobSpec and the line readers take them from here.
@@ -34,8 +35,8 @@ def max_new_tokens_problem(value: int, limit: int) -> str | None:
     return f"must be between 1 and {limit}, got {value}"
 
 
-def item_max_new_tokens(line_value: int | None, job_value: int) -> int:
-    """An item's max_new_tokens: its line's value wins over the job's."""
+def line_or_job(line_value: T | None, job_value: T) -> T:
+    """An item's setting (max_new_tokens, temperature, top_p): its line's value wins over the job's."""
     return job_value if line_value is None else line_value
 
 

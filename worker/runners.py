@@ -39,7 +39,7 @@ from genjob.generation.proposers import PromptLookup, Proposer
 from genjob.generation.requests import Finished, Request
 from genjob.generation.stopping import cut_at_stop, stop_check
 from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
-from genjob.options import JobSpec, item_max_new_tokens
+from genjob.options import JobSpec, line_or_job
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
 from genjob.worker.metrics import note_runner_built
@@ -207,7 +207,7 @@ class JobRunner:
 
         The line's own settings (temperature, top_p, seed, stop strings) win over the job's."""
         spec = self.spec
-        max_new_tokens = item_max_new_tokens(item.max_new_tokens, spec.max_new_tokens)
+        max_new_tokens = line_or_job(item.max_new_tokens, spec.max_new_tokens)
         ids = self.tokenizer(item.prompt)["input_ids"]
         too_long = context_problem(len(ids), max_new_tokens, self.context)
         if too_long is not None:
@@ -219,8 +219,8 @@ class JobRunner:
             key=item.id if key is None else key,
             input_ids=ids,
             max_new_tokens=max_new_tokens,
-            temperature=spec.temperature if item.temperature is None else item.temperature,
-            top_p=spec.top_p if item.top_p is None else item.top_p,
+            temperature=line_or_job(item.temperature, spec.temperature),
+            top_p=line_or_job(item.top_p, spec.top_p),
             seed=seed,
             eos_ids=self.eos_ids,
             stop=stop_check(self.tokenizer, item.stop) if item.stop else None,

@@ -36,7 +36,7 @@ from genjob.formats.lines import (
 )
 from genjob.formats.openai_lines import parse_openai_line
 from genjob.formats.tokenizing import SubmitTokenizer
-from genjob.options import item_max_new_tokens, max_new_tokens_problem
+from genjob.options import line_or_job, max_new_tokens_problem
 
 MAX_REPORTED_ERRORS = 20
 
@@ -170,7 +170,7 @@ def _read(stream: BinaryIO, checks: LineChecks, duplicate_ids: bool) -> Iterator
         too_long = None
         if tokenizer is not None and max_new_tokens is not None:
             too_long = tokenizer.context_problem(
-                item.prompt, item_max_new_tokens(item.max_new_tokens, max_new_tokens)
+                item.prompt, line_or_job(item.max_new_tokens, max_new_tokens)
             )
         if too_long is not None:
             yield LineError(number, f"field '{parsed.prompt_field}': {too_long}", parsed.prompt_field)
