@@ -10,7 +10,7 @@ Must not know: click, FastAPI, torch, the workers.
 
 from __future__ import annotations
 
-from typing import Any, Self, TypeVar
+from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +25,8 @@ T = TypeVar("T")
 DEFAULT_MAX_NEW_TOKENS = 128
 MAX_NEW_TOKENS_LIMIT = 8192
 MAX_BATCH_SIZE = 256
+# Rows per forward pass, as a job asks (--batch-size) and a worker's default (GENJOB_BATCH_SIZE).
+BatchSize = Annotated[int | None, Field(ge=1, le=MAX_BATCH_SIZE)]
 
 
 def max_new_tokens_problem(value: int, limit: int) -> str | None:
@@ -66,10 +68,8 @@ class DecodingOptions(BaseModel):
     seed: int | None = Field(
         default=None, ge=0, le=2**63 - 1, description="Seed for sampling; seeded runs repeat exactly."
     )
-    batch_size: int | None = Field(
+    batch_size: BatchSize = Field(
         default=None,
-        ge=1,
-        le=MAX_BATCH_SIZE,
         description="Prompts decoded together per forward pass, in every mode (default: "
         "GENJOB_BATCH_SIZE, else a probe of the device); 1 decodes one prompt at a time.",
     )

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from genjob.constants import DEFAULT_QUEUE
-from genjob.options import DEFAULT_MAX_NEW_TOKENS, MAX_BATCH_SIZE, MAX_NEW_TOKENS_LIMIT
+from genjob.options import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS_LIMIT, BatchSize
 
 EMBEDDED_DATABASE_URL = "sqlite:///./genjob.db"
 LOCAL_API_HOST = "127.0.0.1"
@@ -69,10 +69,8 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         default=512 << 20, ge=1024, description="Largest accepted prompt file (the API answers 413 above)."
     )
-    batch_size: int | None = Field(
+    batch_size: BatchSize = Field(
         default=None,
-        ge=1,
-        le=MAX_BATCH_SIZE,
         description="Prompts decoded together per forward pass when a job does not say (--batch-size); "
         "unset: a quick probe of the device picks it.",
     )
