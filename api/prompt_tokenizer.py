@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from genjob.generation.context_fit import context_problem
 from genjob.generation.model_source import ModelLoadError, local_tokenizer
 
 
@@ -119,10 +120,5 @@ class PromptTokenizer:
             self._load_counter()
         if self._counter is None or self._context is None:
             return None
-        tokens = len(self._counter.encode(prompt).ids)
-        if tokens + max_new_tokens <= self._context:
-            return None
-        return (
-            f"{tokens} tokens + max_new_tokens {max_new_tokens} exceeds the context of "
-            f"{self._context} tokens of model {self.label}"
-        )
+        problem = context_problem(len(self._counter.encode(prompt).ids), max_new_tokens, self._context)
+        return f"{problem} (model {self.label})" if problem is not None else None

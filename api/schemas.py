@@ -33,7 +33,7 @@ class JobStatsOut(BaseModel):
     drafts_hist: dict[str, int] | None = Field(
         description="Row-rounds by the drafts the row had (m ≤ k; prompt lookup often has fewer)."
     )
-    draft_tokens: int | None = Field(description="γ last used.")
+    last_draft_tokens: int | None = Field(description="γ: the draft length last used.")
     cost_ratio: float | None = Field(description="c: draft step / target step at the mean batch size.")
     costs: dict[str, Any] | None = Field(description="Forward costs measured on a worker (ms).")
     expected_speedup: float | None

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
+from genjob.generation.context_fit import context_problem
 from genjob.generation.cost_timing import measure_grid
 from genjob.generation.costs import CostModel, choose_draft_length
 from genjob.generation.engine_stats import EngineStats, acceptance_estimates
@@ -115,12 +116,9 @@ class Engine:
 
     def add(self, requests: Iterable[Request]) -> None:
         for request in requests:
-            limit = self.context_limit
-            if limit is not None and len(request.input_ids) + request.max_new_tokens > limit:
-                raise ValueError(
-                    f"request {request.key}: {len(request.input_ids)} prompt tokens + max_new_tokens "
-                    f"{request.max_new_tokens} exceed the model's context of {limit}"
-                )
+            too_long = context_problem(len(request.input_ids), request.max_new_tokens, self.context_limit)
+            if too_long is not None:  # a guard: the worker refuses such an item before it is a request
+                raise ValueError(f"request {request.key}: {too_long}")
             stats = RowStats(prompt_tokens=len(request.input_ids))
             self.waiting.append(Row(request=request, stats=stats, admitted=time.perf_counter()))
 

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from genjob.constants import DecodingMode
-from genjob.options import JobOptions, JobSpec
+from genjob.options import JobOptions, JobSpec, max_new_tokens_problem
 from genjob.settings import ModelEntry, Settings
 
 
@@ -191,26 +191,22 @@ def job_spec(settings: Settings, options: JobOptions, *, allow_paths: bool) -> J
 
     The draft is ``assistant`` if given (an allow-list name or, with ``allow_paths``, a path), else
     the model's allow-listed draft unless ``mode`` asks for a decoding without one. ``mode`` defaults to
-    ``auto`` (every proposer the job can have, per row and round, none where none pays: README, "Decoding
-    modes"); ``max_new_tokens`` to GENJOB_MAX_NEW_TOKENS.
+    ``auto`` (JobSpec's default: every proposer the job can have, per row and round, none where none pays:
+    README, "Decoding modes"); ``max_new_tokens`` to GENJOB_MAX_NEW_TOKENS.
     """
     entry = resolve_model(settings, options.model, allow_paths=allow_paths)
+    mode: DecodingMode = options.mode or JobSpec.model_fields["mode"].default
     assistant: str | None = None
     if options.assistant is not None:
         assistant = resolve_model(
             settings, options.assistant, allow_paths=allow_paths, field="assistant"
         ).target
-    elif options.mode in (None, DecodingMode.DRAFT, DecodingMode.AUTO):
+    elif mode in (DecodingMode.DRAFT, DecodingMode.AUTO):
         assistant = entry.draft
-    mode = options.mode or DecodingMode.AUTO
-    max_new_tokens = options.max_new_tokens
-    if max_new_tokens is None:
-        max_new_tokens = settings.max_new_tokens
-    if not 1 <= max_new_tokens <= settings.max_new_tokens_limit:
-        raise JobOptionsError(
-            f"max_new_tokens must be between 1 and {settings.max_new_tokens_limit}, got {max_new_tokens}",
-            field="max_new_tokens",
-        )
+    max_new_tokens = settings.option_or_setting("max_new_tokens", options.max_new_tokens)
+    problem = max_new_tokens_problem(max_new_tokens, settings.max_new_tokens_limit)
+    if problem is not None:
+        raise JobOptionsError(f"max_new_tokens {problem}", field="max_new_tokens")
     try:
         return JobSpec(
             model=entry.target,

@@ -10,7 +10,7 @@ Must not know: click, FastAPI, torch, the workers.
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,6 +18,28 @@ from genjob.constants import DecodingMode, DraftSchedule, InputFormat, OpenAIEnd
 
 NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
 MODEL_NAME_CHARS = 500
+T = TypeVar("T")
+
+# The defaults and bounds that Settings may change (GENJOB_MAX_NEW_TOKENS, GENJOB_MAX_NEW_TOKENS_LIMIT,
+# GENJOB_BATCH_SIZE), declared here once: Settings, the JobSpec and the line readers take them from here.
+DEFAULT_MAX_NEW_TOKENS = 128
+MAX_NEW_TOKENS_LIMIT = 8192
+MAX_BATCH_SIZE = 256
+# Rows per forward pass, as a job asks (--batch-size) and a worker's default (GENJOB_BATCH_SIZE).
+BatchSize = Annotated[int | None, Field(ge=1, le=MAX_BATCH_SIZE)]
+
+
+def max_new_tokens_problem(value: int, limit: int) -> str | None:
+    """Why ``value`` is no max_new_tokens a job or a line may ask for (1..``limit``), or None: the one
+    range check, for the job's option (``genjob.catalog``) and each line's (``genjob.formats.reader``)."""
+    if 1 <= value <= limit:
+        return None
+    return f"must be between 1 and {limit}, got {value}"
+
+
+def line_or_job(line_value: T | None, job_value: T) -> T:
+    """An item's setting (max_new_tokens, temperature, top_p): its line's value wins over the job's."""
+    return job_value if line_value is None else line_value
 
 
 class DecodingOptions(BaseModel):
@@ -46,10 +68,8 @@ class DecodingOptions(BaseModel):
     seed: int | None = Field(
         default=None, ge=0, le=2**63 - 1, description="Seed for sampling; seeded runs repeat exactly."
     )
-    batch_size: int | None = Field(
+    batch_size: BatchSize = Field(
         default=None,
-        ge=1,
-        le=256,
         description="Prompts decoded together per forward pass, in every mode (default: "
         "GENJOB_BATCH_SIZE, else a probe of the device); 1 decodes one prompt at a time.",
     )
@@ -60,6 +80,11 @@ class DecodingOptions(BaseModel):
         description="Share of rounds decoded plainly to measure the speedup (probe rounds), and of "
         "greedy items checked against plain decoding (the lossless rate).",
     )
+
+    @property
+    def baseline_every(self) -> int:
+        """One round (and greedy item) in how many is decoded plainly: 1/baseline_fraction; 0: none."""
+        return round(1 / self.baseline_fraction) if self.baseline_fraction > 0 else 0
 
     def decoding(self) -> dict[str, Any]:
         """The decoding options alone, as keyword arguments (for a JobSpec)."""
@@ -122,8 +147,8 @@ class JobSpec(DecodingOptions):
         max_length=MODEL_NAME_CHARS,
         description="Draft model (mode 'draft'; mode 'auto' may have one).",
     )
-    mode: DecodingMode = DecodingMode.DRAFT
-    max_new_tokens: int = Field(default=128, ge=1)
+    mode: DecodingMode = DecodingMode.AUTO
+    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=1)
     endpoint: OpenAIEndpoint | None = Field(
         default=None,
         description="OpenAI batch endpoint of the input lines (None: genjob lines); shapes openai output.",

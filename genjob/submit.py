@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -25,7 +25,7 @@ from genjob import store
 from genjob.constants import InputFormat, OpenAIEndpoint
 from genjob.db import prepare_schema, session_scope
 from genjob.formats.lines import InputFileError, InputLimits, PromptItem
-from genjob.formats.reader import check_prompts, valid_prompts
+from genjob.formats.reader import LineChecks, check_prompts, valid_prompts
 from genjob.formats.sources import open_prompt_source
 from genjob.formats.tokenizing import SubmitTokenizer
 from genjob.options import JobOptions, JobSpec
@@ -158,8 +158,7 @@ def store_job_stream(
     phase("validating and storing")
     start = stream.tell()
 
-    checks: dict[str, Any] = dict(  # the same checks for both reads (the second also checks ids)
-        source=source,
+    checks = LineChecks(  # the same checks for both reads (the second also checks ids)
         limits=limits,
         input_format=input_format,
         tokenizer=tokenizer,
@@ -172,7 +171,7 @@ def store_job_stream(
     # back, and only then is the file read again to report every problem. Ids are left to the
     # database's unique index: no set of every id in memory.
     seen = _SeenEndpoint(line_endpoint)
-    items = valid_prompts(stream, **checks)
+    items = valid_prompts(stream, checks, source=source)
     try:
         with session_scope(settings.database_url) as session:
             if key is not None:
@@ -208,7 +207,7 @@ def store_job_stream(
                 raise
             return earlier
     stream.seek(start)  # nothing was stored: a second read names every problem (ids too) and raises
-    check_prompts(stream, duplicate_ids=True, **checks)
+    check_prompts(stream, checks, source=source, duplicate_ids=True)
     raise AssertionError("the file was refused, but its second read found nothing wrong")
 
 

@@ -128,7 +128,7 @@ class Job(Base):
     cost_ratio: Mapped[float | None] = mapped_column(
         Float, comment="c = draft step / target step, mean batch."
     )
-    draft_tokens: Mapped[int | None] = mapped_column(Integer, comment="γ: draft length last used.")
+    last_draft_tokens: Mapped[int | None] = mapped_column(Integer, comment="γ: draft length last used.")
     model_revision: Mapped[str | None] = mapped_column(
         String(100), comment="The target's hub commit, or sha256 of its weight files (first worker)."
     )

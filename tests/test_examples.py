@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from genjob.constants import InputFormat, OpenAIEndpoint
-from genjob.formats.lines import InputLimits
 from genjob.formats.openai_lines import RequestLine, parse_openai_line
-from genjob.formats.reader import check_prompts
+from genjob.formats.reader import LineChecks, check_prompts
 from tests.support.prompts import FakeTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +47,13 @@ def example_lines(task: str) -> list[dict[str, Any]]:
 def test_example_file_is_valid_openai_batch_input(task: str) -> None:
     path = ROOT / "examples" / f"{task}.jsonl"
     with path.open("rb") as stream:  # the whole file as genjob submit and the Batches API read it
-        summary = check_prompts(
-            stream,
-            source=str(path),
-            limits=InputLimits(),
+        checks = LineChecks(
             input_format=InputFormat.OPENAI,
             tokenizer=FakeTokenizer(chatml),
             model="smollm2",
             endpoint=OpenAIEndpoint.CHAT_COMPLETIONS,
         )
+        summary = check_prompts(stream, checks, source=str(path))
     lines = example_lines(task)
     assert summary.count == len(lines) == (24 if task == "classify" else 16)
     ids = [line["custom_id"] for line in lines]

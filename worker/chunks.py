@@ -58,7 +58,7 @@ def measurements(
     stats: EngineStats,
     *,
     busy_seconds: float,
-    draft_tokens: int | None,
+    last_draft_tokens: int | None,
     setup_extra_s: float = 0.0,
     proposer_counts: dict[str, int] | None = None,
 ) -> store.ChunkMeasurements:
@@ -77,7 +77,7 @@ def measurements(
         prefill_seconds=stats.prefill_seconds,
         gamma_hist=dict(stats.gamma_hist),
         drafts_hist=dict(stats.drafts_hist),
-        draft_tokens=draft_tokens,
+        last_draft_tokens=last_draft_tokens,
         proposer_counts=dict(proposer_counts or {}),
         rounds_by_rows=dict(stats.by_rows),
     )
@@ -114,7 +114,7 @@ def _measured(runner: JobRunner, started: float, loop: ItemLoop) -> store.ChunkM
     return measurements(
         engine.stats.take(),
         busy_seconds=time.perf_counter() - started,
-        draft_tokens=engine.k if engine.proposer is not None else None,
+        last_draft_tokens=engine.k if engine.proposer is not None else None,
         setup_extra_s=runner.take_setup_extra() if isinstance(runner, JobRunner) else 0.0,
         proposer_counts=dict(loop.proposer_counts),
     )

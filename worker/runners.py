@@ -21,10 +21,11 @@ from threading import Lock
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from genjob.constants import DecodingMode, DraftSchedule
 from genjob.generation import cost_cache
+from genjob.generation.context_fit import context_problem
 from genjob.generation.cost_cache import cost_file, measured_costs
 from genjob.generation.cost_timing import grid_batches
 from genjob.generation.costs import CostModel, suggested_batch_size
@@ -38,7 +39,7 @@ from genjob.generation.proposers import PromptLookup, Proposer
 from genjob.generation.requests import Finished, Request
 from genjob.generation.stopping import cut_at_stop, stop_check
 from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
-from genjob.options import JobSpec
+from genjob.options import JobSpec, line_or_job
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
 from genjob.worker.metrics import note_runner_built
@@ -62,17 +63,37 @@ PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
 
 
 def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int]:
-    """``genjob calibrate``: the thorough grid for the job's models up to its batch size (or the one
-    the device suggests) and draft length, kept for the jobs that follow: (costs, batch, k_max)."""
-    device, dtype, models = settings.device, settings.dtype, settings.model_cache_dir
-    target = load_model(spec.model, device, dtype, cache_dir=models)
-    draft = None
-    if spec.mode is DecodingMode.DRAFT and spec.assistant is not None:
-        draft = load_model(spec.assistant, device, dtype, cache_dir=models)
-    k_max = _draft_length(spec) if spec.mode is not DecodingMode.NONE else 0
-    batch = batch_size_for(spec, settings) or _suggested(spec.model, settings)
+    """``genjob calibrate``: the thorough grid for the job's models (``load_job_models``: the ones its
+    runner loads) up to its batch size (or the one the device suggests) and draft length, kept for
+    the jobs that follow: (costs, batch, k_max)."""
+    target, draft = load_job_models(spec, settings)
+    k_max = _k_max(spec)
+    batch = _rows_per_batch(spec, settings)
     path = cost_file(settings.cost_cache_dir, target, draft)
     return cost_cache.calibrate(path, target, draft, max_batch=batch, max_query=k_max + 1), batch, k_max
+
+
+def job_draft(spec: JobSpec) -> str | None:
+    """The draft model a job loads: its assistant, in mode draft or auto (none in the other modes)."""
+    return spec.assistant if spec.mode in (DecodingMode.DRAFT, DecodingMode.AUTO) else None
+
+
+def load_job_models(spec: JobSpec, settings: Settings) -> tuple[PreTrainedModel, PreTrainedModel | None]:
+    """The models a job runs (its target, and its draft: ``job_draft``), loaded as the workers load
+    them: the one decision both ``JobRunner.build`` and ``calibrate`` take, so that the costs
+    calibrate keeps are the ones the job's runner reads."""
+    device, dtype, models = settings.device, settings.dtype, settings.model_cache_dir
+    target = load_model(spec.model, device, dtype, cache_dir=models)
+    draft = job_draft(spec)
+    if draft is None:
+        return target, None
+    check_same_vocabulary(spec.model, draft, cache_dir=models)
+    return target, load_model(draft, device, dtype, cache_dir=models)
+
+
+def _k_max(spec: JobSpec) -> int:
+    """The most tokens a round of the job proposes: γmax, 0 in mode none (plain decoding)."""
+    return 0 if spec.mode is DecodingMode.NONE else _draft_length(spec)
 
 
 def _draft_length(spec: JobSpec) -> int:
@@ -98,8 +119,13 @@ def set_torch_threads(settings: Settings) -> None:
 
 
 def batch_size_for(spec: JobSpec, settings: Settings) -> int | None:
-    """The job's --batch-size, else GENJOB_BATCH_SIZE; None: the device decides (``suggested_batch_size``)."""
-    return spec.batch_size or settings.batch_size
+    """The job's --batch-size, else this worker's GENJOB_BATCH_SIZE; None: the device decides."""
+    return settings.option_or_setting("batch_size", spec.batch_size)
+
+
+def _rows_per_batch(spec: JobSpec, settings: Settings) -> int:
+    """``batch_size_for``, else what the device suggests for the target (``suggested_batch_size``)."""
+    return batch_size_for(spec, settings) or _suggested(spec.model, settings)
 
 
 @dataclass
@@ -141,13 +167,9 @@ class JobRunner:
     def build(cls, spec: JobSpec, *, settings: Settings) -> JobRunner:
         """Load the job's models (cached by name) and make its engine."""
         device, dtype, models = settings.device, settings.dtype, settings.model_cache_dir
-        target = load_model(spec.model, device, dtype, cache_dir=models)
-        proposer: Proposer | None = None
-        draft = None
-        if spec.mode in (DecodingMode.DRAFT, DecodingMode.AUTO) and spec.assistant is not None:
-            check_same_vocabulary(spec.model, spec.assistant, cache_dir=models)
-            draft = spec.assistant
-            proposer = DraftModel(load_model(draft, device, dtype, cache_dir=models))
+        target, draft_model = load_job_models(spec, settings)
+        draft = job_draft(spec)
+        proposer: Proposer | None = DraftModel(draft_model) if draft_model is not None else None
         if spec.mode is DecodingMode.PROMPT_LOOKUP:
             proposer = PromptLookup(max_ngram=3)
         elif spec.mode is DecodingMode.AUTO:  # the cheapest first: it wins a tie
@@ -155,12 +177,9 @@ class JobRunner:
             proposer = ProposerMix(
                 [PromptLookup(max_ngram=3), job_outputs, *([proposer] if proposer else [])]
             )
-        gamma = _draft_length(spec)
-        k_max = gamma if proposer is not None else 0
-        batch = batch_size_for(spec, settings) or _suggested(spec.model, settings)
-        probe_every = (
-            round(1 / spec.baseline_fraction) if proposer is not None and spec.baseline_fraction else 0
-        )
+        gamma, k_max = _draft_length(spec), _k_max(spec)
+        batch = _rows_per_batch(spec, settings)
+        probe_every = spec.baseline_every if proposer is not None else 0
         costs, path, extra = None, None, 0.0
         if proposer is not None:
             misses = measured_costs.cache_info().misses
@@ -188,13 +207,11 @@ class JobRunner:
 
         The line's own settings (temperature, top_p, seed, stop strings) win over the job's."""
         spec = self.spec
-        max_new_tokens = item.max_new_tokens or spec.max_new_tokens
+        max_new_tokens = line_or_job(item.max_new_tokens, spec.max_new_tokens)
         ids = self.tokenizer(item.prompt)["input_ids"]
-        if self.context is not None and len(ids) + max_new_tokens > self.context:
-            raise PromptTooLong(
-                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                f"context of {self.context} tokens"
-            )
+        too_long = context_problem(len(ids), max_new_tokens, self.context)
+        if too_long is not None:
+            raise PromptTooLong(too_long)
         seed = (spec.seed if spec.seed is not None else zlib.crc32(item.job_id.encode())) + item.seq
         if item.seed is not None:
             seed = item.seed & SEED_MASK  # OpenAI's seeds may be negative; the same seed, the same draws
@@ -202,8 +219,8 @@ class JobRunner:
             key=item.id if key is None else key,
             input_ids=ids,
             max_new_tokens=max_new_tokens,
-            temperature=spec.temperature if item.temperature is None else item.temperature,
-            top_p=spec.top_p if item.top_p is None else item.top_p,
+            temperature=line_or_job(item.temperature, spec.temperature),
+            top_p=line_or_job(item.top_p, spec.top_p),
             seed=seed,
             eos_ids=self.eos_ids,
             stop=stop_check(self.tokenizer, item.stop) if item.stop else None,
@@ -220,7 +237,7 @@ class JobRunner:
         spec = self.spec
         if spec.mode is DecodingMode.NONE or spec.do_sample or spec.baseline_fraction <= 0:
             return False
-        return seq % max(1, round(1 / spec.baseline_fraction)) == 0
+        return seq % spec.baseline_every == 0
 
     def text(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))

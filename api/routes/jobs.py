@@ -148,7 +148,10 @@ async def create_job(
     else:
         request.app.state.metrics.jobs_submitted.labels(options.model).inc()
         await enqueue_chunks(
-            settings, submitted.job_id, options.chunk_size or settings.chunk_size, background
+            settings,
+            submitted.job_id,
+            settings.option_or_setting("chunk_size", options.chunk_size),
+            background,
         )
     job = await run_in_threadpool(_load_job, settings, submitted.job_id)
     response.headers["Location"] = f"/v1/jobs/{job.id}"

@@ -145,7 +145,7 @@ def requeue(job_id: str, chunk_size: int | None, everything: bool, dry_run: bool
     if job.status in TERMINAL_JOB_STATUSES:
         click.echo(f"job {job.id} already ended ({job.status}): nothing to queue")
         return
-    size = chunk_size or settings.chunk_size
+    size = settings.option_or_setting("chunk_size", chunk_size)
     if dry_run:
         from genjob.queueing import chunks_to_queue
 
@@ -191,7 +191,12 @@ def retry(job_id: str, expire_after: timedelta | None, chunk_size: int | None) -
     if not retried:
         click.echo(f"job {job.id} has no failed items: nothing to retry")
         return
-    enqueue_or_explain(settings, job_id=job.id, chunk_size=chunk_size or settings.chunk_size, everything=True)
+    enqueue_or_explain(
+        settings,
+        job_id=job.id,
+        chunk_size=settings.option_or_setting("chunk_size", chunk_size),
+        everything=True,
+    )
     click.echo(f"retrying {counted(retried, 'failed item')} of job {job.id}")
 
 

@@ -91,7 +91,7 @@ def submit(
     except (InputFileError, IdempotencyConflict) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(submitted.job_id)
-    chunk_size = options.chunk_size or settings.chunk_size
+    chunk_size = settings.option_or_setting("chunk_size", options.chunk_size)
     if submitted.reused:
         click.echo(f"already submitted with this idempotency key: job {submitted.job_id}", err=True)
         if wait:

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from genjob.constants import OpenAIEndpoint
+from genjob.options import MAX_NEW_TOKENS_LIMIT
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # UTF-32 first: its little-endian mark starts with UTF-16's.
@@ -105,7 +106,7 @@ class ParsedLine:
 @dataclass(frozen=True)
 class InputLimits:
     max_line_bytes: int = 1 << 20
-    max_new_tokens_limit: int = 8192
+    max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT
     max_file_bytes: int = 512 << 20
 
 

@@ -2,8 +2,9 @@
 
 ``read_prompts`` walks a binary stream line by line (``genjob.formats.lines``), parses each line in
 its format (genjob's own, ``genjob.formats.genjob_lines``, or OpenAI batch requests,
-``genjob.formats.openai_lines``, whose chat messages the ``SubmitTokenizer`` renders to text) and
-yields a ``PromptItem`` or a ``LineError`` naming the line and field. ``check_prompts`` reads a
+``genjob.formats.openai_lines``, whose chat messages the ``SubmitTokenizer`` renders to text), checks
+it against the file's ``LineChecks`` (given once, whichever function reads) and yields a
+``PromptItem`` or a ``LineError`` naming the line and field. ``check_prompts`` reads a
 whole stream (raising ``InputFileError`` with the first problems); ``valid_prompts`` yields the
 items of a stream as its insert consumes them, and raises at its first bad line.
 Must not know: the database, Celery, torch, HTTP.
@@ -12,7 +13,7 @@ Must not know: the database, Celery, torch, HTTP.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from genjob.constants import InputFormat, OpenAIEndpoint
@@ -35,6 +36,7 @@ from genjob.formats.lines import (
 )
 from genjob.formats.openai_lines import parse_openai_line
 from genjob.formats.tokenizing import SubmitTokenizer
+from genjob.options import line_or_job, max_new_tokens_problem
 
 MAX_REPORTED_ERRORS = 20
 
@@ -52,50 +54,44 @@ def _parse_line(
 def _check_line(parsed: ParsedLine, limits: InputLimits) -> None:
     """The checks every format shares, on a parsed line."""
     tokens = parsed.max_new_tokens
-    if tokens is not None and not 1 <= tokens <= limits.max_new_tokens_limit:
+    problem = max_new_tokens_problem(tokens, limits.max_new_tokens_limit) if tokens is not None else None
+    if problem is not None:
         field = parsed.max_new_tokens_field
-        raise LineProblem(
-            f"field '{field}': must be between 1 and {limits.max_new_tokens_limit}, got {tokens}", field
-        )
+        raise LineProblem(f"field '{field}': {problem}", field)
     check_storable(parsed.prompt, parsed.prompt_field)
     check_storable(parsed.custom_id, parsed.id_field)
 
 
-def read_prompts(
-    stream: BinaryIO,
-    *,
-    limits: InputLimits,
-    input_format: InputFormat = InputFormat.GENJOB,
-    tokenizer: SubmitTokenizer | None = None,
-    max_new_tokens: int | None = None,
-    duplicate_ids: bool = True,
-    model: str | None = None,
-    endpoint: OpenAIEndpoint | None = None,
-) -> Iterator[PromptItem | LineError]:
-    """Every line's item or error, in order. With a ``tokenizer`` and ``max_new_tokens`` (the job's
-    default), each valid prompt is also checked against the model's context. ``duplicate_ids``:
-    refuse an id seen on an earlier line (this keeps every id in memory; ``genjob.submit`` leaves
-    it to the database's unique index, and asks for it only to report a file it refused). With
-    ``model`` and ``endpoint`` (the Batches API), every OpenAI line must name that model in
+@dataclass(frozen=True)
+class LineChecks:
+    """What every line of a file is read and checked against. With a ``tokenizer`` and
+    ``max_new_tokens`` (the job's), each valid prompt is also checked against the model's context.
+    With ``model`` and ``endpoint`` (the Batches API), every OpenAI line must name that model in
     ``body.model`` and be a request for that endpoint."""
-    try:
-        yield from _read(
-            stream, limits, input_format, tokenizer, max_new_tokens, duplicate_ids, model, endpoint
-        )
-    except FileTooLarge:
-        yield LineError(None, file_too_large_message(None, limits.max_file_bytes))
+
+    limits: InputLimits = field(default_factory=InputLimits)
+    input_format: InputFormat = InputFormat.GENJOB
+    tokenizer: SubmitTokenizer | None = None
+    max_new_tokens: int | None = None
+    model: str | None = None
+    endpoint: OpenAIEndpoint | None = None
 
 
-def _read(
-    stream: BinaryIO,
-    limits: InputLimits,
-    fmt: InputFormat,
-    tokenizer: SubmitTokenizer | None,
-    max_new_tokens: int | None,
-    duplicate_ids: bool,
-    model: str | None = None,
-    batch_endpoint: OpenAIEndpoint | None = None,
+def read_prompts(
+    stream: BinaryIO, checks: LineChecks, *, duplicate_ids: bool = True
 ) -> Iterator[PromptItem | LineError]:
+    """Every line's item or error, in order. ``duplicate_ids``: refuse an id seen on an earlier line
+    (this keeps every id in memory; ``genjob.submit`` leaves it to the database's unique index, and
+    asks for it only to report a file it refused)."""
+    try:
+        yield from _read(stream, checks, duplicate_ids)
+    except FileTooLarge:
+        yield LineError(None, file_too_large_message(None, checks.limits.max_file_bytes))
+
+
+def _read(stream: BinaryIO, checks: LineChecks, duplicate_ids: bool) -> Iterator[PromptItem | LineError]:
+    limits, fmt, tokenizer, model = checks.limits, checks.input_format, checks.tokenizer, checks.model
+    max_new_tokens, batch_endpoint = checks.max_new_tokens, checks.endpoint
     seen_ids: set[str] = set()
     # the file's endpoint, and its first line (0: the batch's, given)
     endpoint = (batch_endpoint, 0) if batch_endpoint is not None else None
@@ -173,7 +169,9 @@ def _read(
         )
         too_long = None
         if tokenizer is not None and max_new_tokens is not None:
-            too_long = tokenizer.context_problem(item.prompt, item.max_new_tokens or max_new_tokens)
+            too_long = tokenizer.context_problem(
+                item.prompt, line_or_job(item.max_new_tokens, max_new_tokens)
+            )
         if too_long is not None:
             yield LineError(number, f"field '{parsed.prompt_field}': {too_long}", parsed.prompt_field)
             continue
@@ -188,32 +186,14 @@ class InputSummary:
 
 
 def check_prompts(
-    stream: BinaryIO,
-    *,
-    source: str,
-    limits: InputLimits,
-    input_format: InputFormat = InputFormat.GENJOB,
-    tokenizer: SubmitTokenizer | None = None,
-    max_new_tokens: int | None = None,
-    duplicate_ids: bool = True,
-    model: str | None = None,
-    endpoint: OpenAIEndpoint | None = None,
+    stream: BinaryIO, checks: LineChecks, *, source: str, duplicate_ids: bool = True
 ) -> InputSummary:
     """Check every line; return the number of prompts (and endpoint) or raise ``InputFileError``."""
     errors: list[LineError] = []
     more = 0
     count = 0
-    entries = read_prompts(
-        stream,
-        limits=limits,
-        input_format=input_format,
-        tokenizer=tokenizer,
-        max_new_tokens=max_new_tokens,
-        duplicate_ids=duplicate_ids,
-        model=model,
-        endpoint=endpoint,
-    )
-    for entry in entries:
+    endpoint = checks.endpoint
+    for entry in read_prompts(stream, checks, duplicate_ids=duplicate_ids):
         if isinstance(entry, LineError):
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append(entry)
@@ -229,30 +209,10 @@ def check_prompts(
     return InputSummary(count, endpoint)
 
 
-def valid_prompts(
-    stream: BinaryIO,
-    *,
-    source: str,
-    limits: InputLimits,
-    input_format: InputFormat = InputFormat.GENJOB,
-    tokenizer: SubmitTokenizer | None = None,
-    max_new_tokens: int | None = None,
-    model: str | None = None,
-    endpoint: OpenAIEndpoint | None = None,
-) -> Iterator[PromptItem]:
+def valid_prompts(stream: BinaryIO, checks: LineChecks, *, source: str) -> Iterator[PromptItem]:
     """The prompts of a stream, checked as ``check_prompts`` checks them except for duplicate ids (the
     database's unique index finds those); raises ``InputFileError`` at the first bad line."""
-    entries = read_prompts(
-        stream,
-        limits=limits,
-        input_format=input_format,
-        tokenizer=tokenizer,
-        max_new_tokens=max_new_tokens,
-        duplicate_ids=False,
-        model=model,
-        endpoint=endpoint,
-    )
-    for entry in entries:
+    for entry in read_prompts(stream, checks, duplicate_ids=False):
         if isinstance(entry, LineError):
             raise InputFileError(source, [entry])
         yield entry

@@ -295,7 +295,7 @@ class ChunkMeasurements:
     probe_sq: float
     prefill_seconds: float
     gamma_hist: dict[int, int]
-    draft_tokens: int | None  # the draft length the engine ended the chunk with
+    last_draft_tokens: int | None  # the draft length the engine ended the chunk with
     drafts_hist: dict[int, int] = field(default_factory=dict)  # row-rounds by the drafts the row had
     proposer_counts: dict[str, int] = field(default_factory=dict)  # mode auto: ``name:field`` -> count
     rounds_by_rows: dict[str, float] = field(default_factory=dict)  # ``B:field`` (``EngineStats.by_rows``)
@@ -303,7 +303,7 @@ class ChunkMeasurements:
 
 HISTOGRAMS = ("gamma_hist", "drafts_hist", "proposer_counts", "rounds_by_rows")  # merged key by key
 SUMS = tuple(  # the job's columns a chunk's measurements add to
-    f.name for f in fields(ChunkMeasurements) if f.name not in (*HISTOGRAMS, "draft_tokens")
+    f.name for f in fields(ChunkMeasurements) if f.name not in (*HISTOGRAMS, "last_draft_tokens")
 )
 
 
@@ -327,7 +327,7 @@ def record_chunk(session: Session, *, job_id: str, measured: ChunkMeasurements) 
         setattr(job, name, getattr(job, name) + getattr(measured, name))
     for name in HISTOGRAMS:
         setattr(job, name, merged(getattr(job, name), getattr(measured, name)))
-    if measured.draft_tokens is not None:
-        job.draft_tokens = measured.draft_tokens
+    if measured.last_draft_tokens is not None:
+        job.last_draft_tokens = measured.last_draft_tokens
     session.flush()
     return job

@@ -174,7 +174,7 @@ CLOSE = text(
     UPDATE jobs SET {COUNTED},
         {", ".join(f"{name} = jobs.{name} + :{name}" for name in SUMS)},
         {_MERGE_HISTOGRAMS},
-        draft_tokens = coalesce(:draft_tokens, jobs.draft_tokens)
+        last_draft_tokens = coalesce(:last_draft_tokens, jobs.last_draft_tokens)
     FROM summed WHERE jobs.id = :job_id AND (:measured OR summed.n > 0)
     RETURNING {", ".join(f"jobs.{name}" for name in _JOB_COLUMNS)}
 )
@@ -212,7 +212,7 @@ def close_chunk(
             name: json.dumps({str(k): n for k, n in (getattr(measured, name) if measured else {}).items()})
             for name in HISTOGRAMS
         },
-        draft_tokens=measured.draft_tokens if measured is not None else None,
+        last_draft_tokens=measured.last_draft_tokens if measured is not None else None,
     )
     row = connection.execute(CLOSE, params).one_or_none()
     if row is None:

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.formats.lines import InputFileError, InputLimits
-from genjob.formats.reader import check_prompts
+from genjob.formats.reader import LineChecks, check_prompts
 from genjob.tables import Item
 from tests.support.databases import REDIS_URL
 from tests.support.jobs import stored_counts
@@ -210,7 +210,7 @@ def test_a_stream_over_the_size_limit_stops_there(tmp_path: Path) -> None:
 
     data = (GOOD + "\n").encode() * 200
     with pytest.raises(InputFileError) as info:
-        check_prompts(io.BytesIO(data), source="upload", limits=InputLimits(max_file_bytes=1024))
+        check_prompts(io.BytesIO(data), LineChecks(InputLimits(max_file_bytes=1024)), source="upload")
     assert str(info.value) == (
         "upload: the file is larger than that, over the limit of 1024 bytes (GENJOB_MAX_UPLOAD_BYTES)"
     )
@@ -251,11 +251,11 @@ def test_prompt_longer_than_a_local_models_context_is_refused_at_submit(
     errors = result.output.removeprefix("Error: ").splitlines()
     assert errors[0].startswith("p.jsonl:2: field 'prompt': ")
     assert errors[0].endswith(
-        f"tokens + max_new_tokens 16 exceeds the context of 512 tokens of model {target}"
+        f"tokens + max_new_tokens 16 exceeds the model's context of 512 tokens (model {target})"
     )
     assert errors[1] == (
-        f"p.jsonl:3: field 'prompt': 1 tokens + max_new_tokens 600 exceeds the context of 512 tokens "
-        f"of model {target}"
+        f"p.jsonl:3: field 'prompt': prompt of 1 tokens + max_new_tokens 600 exceeds the model's context "
+        f"of 512 tokens (model {target})"
     )
     assert stored_counts(pg_env) == before
 

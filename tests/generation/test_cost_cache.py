@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from genjob.constants import DecodingMode
 from genjob.generation import cost_cache, cost_timing
 from genjob.generation.costs import CostModel
 from genjob.generation.loading import load_model
@@ -162,3 +163,24 @@ def test_a_plain_job_with_its_batch_size_measures_nothing(
     runner = runners.JobRunner.build(spec, settings=Settings(cost_cache_dir=str(tmp_path)))
     assert runner.engine.costs is None and runner.setup_extra_s == 0.0
     assert not list(tmp_path.iterdir())
+
+
+def test_a_runner_reads_the_costs_calibrate_kept_for_its_spec(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], pair
+) -> None:
+    """``genjob calibrate -m M -a D`` in the default mode (auto, with a draft) measures the pair the job's
+    runner loads: the runner reads the file calibrate wrote, and measures nothing itself."""
+    target, draft = tiny_pair
+    spec = JobSpec(model=str(target), assistant=str(draft), draft_tokens=3, batch_size=2)
+    assert spec.mode is DecodingMode.AUTO
+    settings = Settings(cost_cache_dir=str(tmp_path))
+    cost_cache.measured_costs.cache_clear()
+    calibrated, batch, k_max = runners.calibrate(spec, settings=settings)
+    kept = cost_cache.cost_file(str(tmp_path), *pair)  # the pair's file, the draft's costs with it
+    assert kept is not None and kept.is_file() and (batch, k_max) == (2, 3)
+    written = kept.read_bytes()
+    cost_cache.measured_costs.cache_clear()  # as a worker process started later
+    runner = runners.JobRunner.build(spec, settings=settings)
+    assert runner.cost_path == kept and runner.setup_extra_s == 0.0
+    assert runner.engine.costs is not None and runner.engine.costs.measure_seconds == 0.0
+    assert kept.read_bytes() == written and calibrated.covers(2, k_max + 1)

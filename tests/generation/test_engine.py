@@ -196,7 +196,7 @@ def test_rows_near_the_context_limit_never_pass_it(tmp_path: Path) -> None:
         for one in requests:
             expected = reference(one.input_ids, one.max_new_tokens, None)
             check_row(one, results[one.key], expected, None)
-    with pytest.raises(ValueError, match="exceed the model's context of 48"):
+    with pytest.raises(ValueError, match="exceeds the model's context of 48"):
         Engine(target, None, max_rows=1, k_max=0, costs=flat_costs(0)).add([request(9, [1] * 40, 9)])
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from genjob.constants import InputFormat
 from genjob.formats.lines import InputFileError, InputLimits, LineError, PromptItem, file_too_large_message
-from genjob.formats.reader import check_prompts, valid_prompts
+from genjob.formats.reader import LineChecks, check_prompts, valid_prompts
 
 
 def write_jsonl(path: Path, lines: Iterable[str]) -> Path:
@@ -51,13 +51,13 @@ def validate_prompt_file(
             str(path), [LineError(None, file_too_large_message(size, limits.max_file_bytes))]
         )
     with path.open("rb") as stream:
-        return check_prompts(
-            stream, source=str(path), limits=limits, input_format=input_format, **kwargs
-        ).count
+        checks = LineChecks(limits=limits, input_format=input_format, **kwargs)
+        return check_prompts(stream, checks, source=str(path)).count
 
 
 def iter_prompt_file(
     path: Path, *, limits: InputLimits, input_format: InputFormat = InputFormat.GENJOB, **kwargs: Any
 ) -> Iterator[PromptItem]:
     with path.open("rb") as stream:
-        yield from valid_prompts(stream, source=str(path), limits=limits, input_format=input_format, **kwargs)
+        checks = LineChecks(limits=limits, input_format=input_format, **kwargs)
+        yield from valid_prompts(stream, checks, source=str(path))

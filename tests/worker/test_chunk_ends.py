@@ -58,7 +58,7 @@ def measured(busy: float = 0.5, hist: dict[int, int] | None = None) -> store.Chu
         probe_sq=0.5,
         prefill_seconds=0.0625,
         gamma_hist=hist if hist is not None else {2: 3, 4: 1},
-        draft_tokens=4,
+        last_draft_tokens=4,
         drafts_hist={m: 2 * n for m, n in (hist if hist is not None else {2: 3, 4: 1}).items()} | {0: 1},
         rounds_by_rows={"3:rounds": 3.0, "3:seconds": 0.1875, "3:plain_rounds": 1.0, "1:seconds": 0.0625},
     )
@@ -175,7 +175,7 @@ def test_close_writes_the_last_group_lets_go_and_adds_what_was_measured_as_recor
     assert closed.finished == set(mine[:2]) and (closed.done, closed.failed, closed.total) == (2, 0, 4)
     assert not closed.may_have_ended  # two items still pending
     job, expected = job_row(pg_url, job_id), job_row(pg_url, twin)
-    for name in (*store.postgres_chunk_ends.SUMS, *store.postgres_chunk_ends.HISTOGRAMS, "draft_tokens"):
+    for name in (*store.postgres_chunk_ends.SUMS, *store.postgres_chunk_ends.HISTOGRAMS, "last_draft_tokens"):
         assert getattr(job, name) == getattr(expected, name), name
     assert job.gamma_hist == {"2": 3, "4": 3, "6": 1} and closed.gamma_hist == job.gamma_hist
     assert job.drafts_hist == {"0": 2, "2": 6, "4": 6, "6": 2} and closed.drafts_hist == job.drafts_hist

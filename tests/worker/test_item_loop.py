@@ -158,7 +158,9 @@ def test_a_draft_that_does_not_pay_leaves_the_job_to_plain_decoding(
         paths.append(str(tmp_path / name))
     lines = [json.dumps({"prompt": p}) for p in PROMPTS]
     path = write_jsonl(tmp_path / "prompts.jsonl", lines)
-    spec = JobSpec(model=paths[0], assistant=paths[1], max_new_tokens=24, batch_size=3, baseline_fraction=0)
+    spec = JobSpec(
+        model=paths[0], assistant=paths[1], mode="draft", max_new_tokens=24, batch_size=3, baseline_fraction=0
+    )
     job, rows = run_job(Settings(database_url=pg_url), path, spec)
     hist = {int(k): n for k, n in job.gamma_hist.items()}
     assert hist.get(0, 0) / sum(hist.values()) > 0.6
@@ -184,6 +186,7 @@ def draft_spec(tiny_pair: tuple[Path, Path], batch_size: int) -> JobSpec:
     return JobSpec(
         model=str(target),
         assistant=str(draft),
+        mode="draft",
         max_new_tokens=10,
         draft_tokens=3,
         baseline_fraction=0,

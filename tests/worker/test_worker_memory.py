@@ -22,7 +22,7 @@ from genjob.worker.runners import RUNNERS, RunnerCache
 from tests.support.models import build_tokenizer, corpus_lines
 from tests.support.processes import COST_CACHE_DIR
 from tests.support.prompts import write_jsonl
-from tests.worker.test_item_loop import PROMPTS, run_job
+from tests.worker.test_item_loop import PROMPTS, draft_spec, run_job
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS, ROWS, PROMPT_TOKENS = 10, 4, 400
@@ -108,7 +108,6 @@ def test_a_chunk_gives_its_caches_back_and_its_batch_grows_back(
 ) -> None:
     """A draft job's chunk, one round of it out of memory: every item done, the batch back at its size
     at the end, the runner's batch size unchanged, and no K/V cache kept (target's nor draft's)."""
-    target, draft = tiny_pair
     path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": p}) for p in PROMPTS * 2])
     real = Engine._round_of_decoding
     batches: list[int] = []  # rows of each round
@@ -120,9 +119,7 @@ def test_a_chunk_gives_its_caches_back_and_its_batch_grows_back(
         return real(self)
 
     monkeypatch.setattr(Engine, "_round_of_decoding", flaky)
-    spec = JobSpec(
-        model=str(target), assistant=str(draft), max_new_tokens=12, batch_size=4, baseline_fraction=0
-    )
+    spec = draft_spec(tiny_pair, batch_size=4).model_copy(update={"max_new_tokens": 12, "draft_tokens": 8})
     job, rows = run_job(Settings(database_url=pg_url), path, spec)
     assert job.status == "completed" and all(row["status"] == "done" for row in rows)
     runner = RUNNERS.get(job.id, spec, settings=Settings(database_url=pg_url))
