@@ -1,9 +1,10 @@
 """What the engine is asked to decode and what it gives back: token ids in, token ids out, with stats.
 
 Per-row settings live on each ``Request`` (max new tokens, temperature, top-p, seed, EOS ids, a stop
-check), so rows of one batch may differ in all of them. Must not know: the database, Celery, HTTP,
-the core's tables or options (a row's stats share the result columns' names, and ``genjob.proposer_tally``,
-the floor below both).
+check), so rows of one batch may differ in all of them. A row's ``RowStats`` are named as its result's
+columns, which the worker fills from them by name; a proposer's tally is ``genjob.proposer_tally``'s
+(the floor below generation and the core). Must not know: the database, Celery, HTTP, the core's
+tables or options.
 """
 
 from __future__ import annotations
