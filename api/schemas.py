@@ -78,6 +78,10 @@ class JobOut(BaseModel):
         stats = {name: getattr(job, name) for name in JobStatsOut.model_fields if hasattr(job, name)}
         derived = asdict(job_stats(job))
         stats.update({name: value for name, value in derived.items() if name in JobStatsOut.model_fields})
+        if stats["proposers"]:  # a tally's fields by name, in the order the API has always answered them
+            stats["proposers"] = {
+                name: dict(sorted(tally.items())) for name, tally in stats["proposers"].items()
+            }
         model = job.model_name or model_label(job.model)
         assistant = job.assistant_name or (model_label(job.assistant) if job.assistant else None)
         spec = {**job.spec, "model": model, "assistant": assistant}

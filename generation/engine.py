@@ -220,7 +220,7 @@ class Engine:
             ).tolist()  # the prefill's host sync
             for row, is_fresh, token in zip(new, fresh, first, strict=True):
                 if is_fresh:
-                    row.stats.rounds += 1
+                    row.stats.target_rounds += 1
                     self._extend(row, [int(token)])
             if self.proposer is not None:
                 self.proposer.admit(start, new, ids, lengths)
@@ -323,13 +323,13 @@ class Engine:
             round_accepted += a
             round_rejections += rejected
             stats = row.stats
-            stats.rounds += 1
-            stats.proposed += limit
-            stats.rejections += rejected
+            stats.target_rounds += 1
+            stats.draft_proposed += limit
+            stats.draft_rejections += rejected
             stats.gamma_sum += k
             stats.latency_s += seconds / b
             gained = self._extend(row, new)
-            stats.accepted += max(0, gained - 1)
+            stats.draft_accepted += max(0, gained - 1)
             new_tokens += max(0, gained)
             if row.request.draft_limit == 0 and self.proposer is not None:  # a plain twin, a check
                 check_tokens += max(0, gained)

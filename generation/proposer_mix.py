@@ -15,9 +15,9 @@ verified in one target pass: ``propose`` runs each chosen proposer once
 over the batch and takes each row's tokens from its own (with a sampled proposer among them, the
 other rows' q is one-hot at their tokens, exactly what "not sampled" means to the acceptance rule).
 
-What each row drafted from is counted in its ``RowStats.by_proposer`` (rounds chosen, proposed,
-accepted, rejections), and the job-wide tallies in ``totals``. Must not know: the database, Celery,
-HTTP, the core.
+What each row drafted from is counted in its ``RowStats.by_proposer`` (a ``ProposerTally`` per
+proposer: rounds chosen, proposed, accepted, rejections), and the job-wide tallies in ``totals``.
+Must not know: the database, Celery, HTTP, the core (``genjob.proposer_tally`` is the floor below it).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from genjob.generation.engine_stats import PRIOR_WEIGHT as ROW_WEIGHT
 from genjob.generation.forward import to_device
 from genjob.generation.proposers import BatchView, Proposal, Proposer
 from genjob.generation.requests import Row
+from genjob.proposer_tally import ProposerTally
 
 PRIOR_ALPHA = 0.5  # a proposer nobody has tried yet: as likely to be right as wrong
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind a proposer's job-wide rate
@@ -54,9 +55,7 @@ class ProposerMix:
         if not proposers:
             raise ValueError("a mix needs at least one proposer")
         self.proposers = {proposer.name: proposer for proposer in proposers}
-        self.totals = {
-            name: [0, 0, 0, 0] for name in self.proposers
-        }  # rounds, proposed, accepted, rejections
+        self.totals = {name: ProposerTally() for name in self.proposers}
         self._learners = [p for p in proposers if hasattr(p, "add_output")]  # the job's suffix cache
         self._ran: set[str] = set()  # who proposed this round (only they advance with its k)
         self._limits: list[int] = []  # this round's proposals per row, as the engine will cap them
@@ -95,8 +94,10 @@ class ProposerMix:
 
     # --- the choice --------------------------------------------------------------------------------------
     def job_alpha(self, name: str) -> float:
-        _, _, accepted, rejections = self.totals[name]
-        return (accepted + PRIOR_WEIGHT * PRIOR_ALPHA) / (accepted + rejections + PRIOR_WEIGHT)
+        tally = self.totals[name]
+        return (tally.accepted + PRIOR_WEIGHT * PRIOR_ALPHA) / (
+            tally.accepted + tally.rejections + PRIOR_WEIGHT
+        )
 
     def row_alpha(self, row: Row, name: str) -> float:
         accepted, refused = row.evidence.get(name, (0.0, 0.0))
@@ -114,9 +115,11 @@ class ProposerMix:
             if row.proposer is None:
                 estimates.append(None)
                 continue
-            _, _, accepted, rejections = row.stats.by_proposer.get(row.proposer, (0, 0, 0, 0))
+            tally = row.stats.by_proposer.get(row.proposer, ProposerTally())
             prior = self.job_alpha(row.proposer)
-            estimates.append((accepted + ROW_WEIGHT * prior) / (accepted + rejections + ROW_WEIGHT))
+            estimates.append(
+                (tally.accepted + ROW_WEIGHT * prior) / (tally.accepted + tally.rejections + ROW_WEIGHT)
+            )
         return estimates
 
     def available(self, rows: list[Row], k: int) -> list[int]:
@@ -130,10 +133,12 @@ class ProposerMix:
                 gain = expected_accepted(self.row_alpha(row, name), n) if n else 0.0
                 if gain > best_gain:
                     best, best_gain, best_n = name, gain, n
-            if row.stats.rounds % EXPLORE_EVERY == 0:
+            if row.stats.target_rounds % EXPLORE_EVERY == 0:
                 offering = [name for name in self.proposers if offers[name][r] and name != best]
                 if offering:
-                    other = min(offering, key=lambda name: row.stats.by_proposer.get(name, [0])[0])
+                    other = min(
+                        offering, key=lambda name: row.stats.by_proposer.get(name, ProposerTally()).rounds
+                    )
                     worth = expected_accepted(self.job_alpha(other), offers[other][r])
                     if worth >= EXPLORE_SHARE * best_gain:  # it might pay here: see what this row makes of it
                         best, best_n = other, offers[other][r]
@@ -185,11 +190,8 @@ class ProposerMix:
                 evidence[0] = evidence[0] * DECAY + a
                 evidence[1] = evidence[1] * DECAY + refused
                 for tally in (
-                    row.stats.by_proposer.setdefault(row.proposer, [0, 0, 0, 0]),
+                    row.stats.by_proposer.setdefault(row.proposer, ProposerTally()),
                     self.totals[row.proposer],
                 ):
-                    tally[0] += 1
-                    tally[1] += limit
-                    tally[2] += a
-                    tally[3] += refused
+                    tally.count_round(proposed=limit, accepted=a, refused=bool(refused))
         self._ran, self._limits = set(), []

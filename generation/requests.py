@@ -1,8 +1,10 @@
 """What the engine is asked to decode and what it gives back: token ids in, token ids out, with stats.
 
 Per-row settings live on each ``Request`` (max new tokens, temperature, top-p, seed, EOS ids, a stop
-check), so rows of one batch may differ in all of them. Must not know: the database, Celery, HTTP,
-the core's tables or options.
+check), so rows of one batch may differ in all of them. A row's ``RowStats`` are named as its result's
+columns, which the worker fills from them by name; a proposer's tally is ``genjob.proposer_tally``'s
+(the floor below generation and the core). Must not know: the database, Celery, HTTP, the core's
+tables or options.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from genjob.proposer_tally import ProposerTally
 
 if TYPE_CHECKING:
     from genjob.generation.proposers import NgramIndex
@@ -48,29 +52,28 @@ class Request:
 
 @dataclass
 class RowStats:
-    """What decoding one row took. ``rounds`` counts target forwards (the prefill is one: it yields
-    the first token; each verification round yields accepted + 1), so new_tokens = rounds + accepted.
-    ``rejections``: rounds whose first refused draft was tested (the failures of the per-token α).
+    """What decoding one row took, named as its result's columns (``genjob.tables.Result``).
+    ``target_rounds`` counts target forwards (the prefill is one: it yields the first token; each
+    verification round yields accepted + 1), so new_tokens = target_rounds + draft_accepted.
+    ``draft_rejections``: rounds whose first refused draft was tested (the failures of the per-token α).
     ``latency_s`` is the row's share of the batch's time (each round's time split evenly over its
     rows), so a job's summed latency is its decode time; ``wall_s`` is admission to finish."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    rejections: int = 0
+    target_rounds: int = 0
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+    draft_rejections: int = 0
     gamma_sum: int = 0  # Σ over verification rounds of the γ the batch used
     latency_s: float = 0.0
     wall_s: float = 0.0
     finish_reason: str = "length"  # or "stop" (an EOS id or a stop sequence)
-    # Per proposer (mode auto, ``proposer_mix``): [rounds it drafted for the row, proposed, accepted,
-    # rejections]
-    by_proposer: dict[str, list[int]] = field(default_factory=dict)
+    by_proposer: dict[str, ProposerTally] = field(default_factory=dict)  # mode auto (``proposer_mix``)
 
     @property
-    def mean_gamma(self) -> float:
-        verify_rounds = self.rounds - 1
+    def gamma_mean(self) -> float:
+        verify_rounds = self.target_rounds - 1
         return self.gamma_sum / verify_rounds if verify_rounds > 0 else 0.0
 
 

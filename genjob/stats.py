@@ -20,8 +20,8 @@
   or → now while it runs), what the job delivered, as the ``job_stats`` view has it; decoding
   (``tokens_per_second``) = new tokens / the items' generate seconds (each item's share of its
   batch's time), the models' pace with queueing, model loading and gaps left out;
-- per proposer (mode auto): the rounds each proposer drafted for a row, the tokens it proposed, those
-  accepted and its rejections, so its own acceptance is accepted / proposed;
+- per proposer (mode auto): its ``ProposerTally``, the rounds it drafted for a row, the tokens it
+  proposed, those accepted and its rejections, so its own acceptance is accepted / proposed;
 - expected speedup: computed by the worker from α, the rounds at each draft length k and the costs it
   measured at the job's mean batch size (``genjob.generation.costs.expected_speedup``), stored.
 Must not know: the database session, torch, Celery.
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from genjob.proposer_tally import ProposerTally, tallies_from_json
 from genjob.tables import Job, utcnow
 
 Z95 = 1.96
@@ -53,7 +54,7 @@ class JobStats:
     measured_speedup_high: float | None
     expected_speedup: float | None
     lossless_rate: float | None
-    proposers: dict[str, dict[str, int]] | None = None  # mode auto: per proposer, its counts
+    proposers: dict[str, ProposerTally] | None = None  # mode auto: per proposer, its tally
     measured_speedup_note: str | None = None  # why there is no measured speedup ("too few probe rounds")
 
 
@@ -233,17 +234,6 @@ def job_stats(job: Job, now: datetime | None = None) -> JobStats:
         measured_speedup_high=measured.high,
         expected_speedup=job.expected_speedup,
         lossless_rate=_ratio(job.lossless_matches, job.lossless_checked) if greedy else None,
-        proposers=by_proposer(job.proposer_counts),
+        proposers=tallies_from_json(job.proposer_counts) or None,
         measured_speedup_note=measured.note,
     )
-
-
-def by_proposer(counts: dict[str, int] | None) -> dict[str, dict[str, int]] | None:
-    """Stored per-proposer counts (flat ``name:field`` keys) as {name: {field: n}}; None if none."""
-    if not counts:
-        return None
-    nested: dict[str, dict[str, int]] = {}
-    for key, value in sorted(counts.items()):
-        name, _, field_name = key.rpartition(":")
-        nested.setdefault(name, {})[field_name] = int(value)
-    return nested

@@ -45,6 +45,13 @@ PROPOSER_COUNTS = (
 LOOPING = "The output ends in a loop: one short cycle of tokens repeated (a degenerate output)."
 
 
+def shown(*, export: bool = False, openai: bool = False, export_digits: int | None = None) -> dict[str, Any]:
+    """A result column's ``info``: where it is shown besides the table (``genjob.formats.result_fields``):
+    ``export``, a column of the JSONL, CSV and Parquet exports (rounded to ``export_digits`` there);
+    ``openai``, a member of the ``genjob`` object of an OpenAI response body."""
+    return {"export": export, "openai": openai, "export_digits": export_digits}
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -238,27 +245,45 @@ class Result(Base):
         ForeignKey("jobs.id", ondelete="CASCADE"), index=True, comment="Its job."
     )
     item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"), comment="Its item.")
-    output: Mapped[str] = mapped_column(Text, comment="Generated text.")
-    finish_reason: Mapped[str] = mapped_column(String(16), comment="'length' or 'stop' (EOS).")
-    mode: Mapped[str] = mapped_column(String(16), comment="Decoding mode actually used.")
-    prompt_tokens: Mapped[int] = mapped_column(Integer, comment="Tokens of the prompt.")
-    new_tokens: Mapped[int] = mapped_column(Integer, comment="Tokens generated.")
+    output: Mapped[str] = mapped_column(Text, comment="Generated text.", info=shown(export=True))
+    finish_reason: Mapped[str] = mapped_column(
+        String(16), comment="'length' or 'stop' (EOS).", info=shown(export=True)
+    )
+    mode: Mapped[str] = mapped_column(
+        String(16), comment="Decoding mode actually used.", info=shown(export=True, openai=True)
+    )
+    prompt_tokens: Mapped[int] = mapped_column(
+        Integer, comment="Tokens of the prompt.", info=shown(export=True)
+    )
+    new_tokens: Mapped[int] = mapped_column(Integer, comment="Tokens generated.", info=shown(export=True))
     target_rounds: Mapped[int] = mapped_column(
-        Integer, comment="Target forward passes (verification rounds)."
+        Integer, comment="Target forward passes (verification rounds).", info=shown(export=True, openai=True)
     )
-    draft_proposed: Mapped[int] = mapped_column(Integer, comment="Draft tokens proposed.")
-    draft_accepted: Mapped[int] = mapped_column(Integer, comment="Draft tokens accepted.")
+    draft_proposed: Mapped[int] = mapped_column(
+        Integer, comment="Draft tokens proposed.", info=shown(export=True, openai=True)
+    )
+    draft_accepted: Mapped[int] = mapped_column(
+        Integer, comment="Draft tokens accepted.", info=shown(export=True, openai=True)
+    )
     draft_rejections: Mapped[int] = mapped_column(
-        Integer, default=0, comment="Rounds ended by a refused draft token."
+        Integer, default=0, comment="Rounds ended by a refused draft token.", info=shown(openai=True)
     )
-    gamma_mean: Mapped[float | None] = mapped_column(Float, comment="Mean draft length of its rounds.")
-    latency_s: Mapped[float] = mapped_column(Float, comment="Its share of its batch's time (seconds).")
+    gamma_mean: Mapped[float | None] = mapped_column(
+        Float, comment="Mean draft length of its rounds.", info=shown(openai=True)
+    )
+    latency_s: Mapped[float] = mapped_column(
+        Float,
+        comment="Its share of its batch's time (seconds).",
+        info=shown(export=True, openai=True, export_digits=6),
+    )
     lossless_match: Mapped[bool | None] = mapped_column(
         Boolean, comment="Sampled greedy items: output == the same item decoded without drafts."
     )
     worker: Mapped[str | None] = mapped_column(String(200), comment="Worker that produced it.")
     proposer_counts: Mapped[dict[str, int] | None] = mapped_column(Json, comment=PROPOSER_COUNTS)
-    looping: Mapped[bool | None] = mapped_column(Boolean, comment=LOOPING)
+    looping: Mapped[bool | None] = mapped_column(
+        Boolean, comment=LOOPING, info=shown(export=True, openai=True)
+    )
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, comment="When it was written."
     )

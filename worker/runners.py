@@ -15,7 +15,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from threading import Lock
 from typing import Any
@@ -40,8 +40,10 @@ from genjob.generation.requests import Finished, Request
 from genjob.generation.stopping import cut_at_stop, stop_check
 from genjob.generation.suffix_cache import SuffixCache, SuffixLookup
 from genjob.options import JobSpec, line_or_job
+from genjob.proposer_tally import tallies_to_json
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
+from genjob.tables import RESULT_FIELDS
 from genjob.worker.metrics import note_runner_built
 
 log = logging.getLogger(__name__)
@@ -277,34 +279,19 @@ RUNNERS = RunnerCache(JobRunner.build)
 def result_row(
     runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
 ) -> dict[str, Any]:
-    """An item's result row (``genjob.store.finish_items``): its text, cut at a stop string, and its stats."""
+    """An item's result row (``genjob.store.finish_items``): a value for each of ``RESULT_FIELDS``, the
+    row's stats under their own names (``RowStats`` is named as the result's columns), its text cut at
+    a stop string."""
     stats = done.stats
-    return {
+    measured = {stat.name: getattr(stats, stat.name) for stat in fields(stats) if stat.name in RESULT_FIELDS}
+    row = {
+        **measured,
         "output": cut_at_stop(runner.text(done.token_ids), stop),
-        "finish_reason": stats.finish_reason,
         "mode": runner.spec.mode.value,
-        "prompt_tokens": stats.prompt_tokens,
-        "new_tokens": stats.new_tokens,
-        "target_rounds": stats.rounds,
-        "draft_proposed": stats.proposed,
-        "draft_accepted": stats.accepted,
-        "draft_rejections": stats.rejections,
-        "gamma_mean": round(stats.mean_gamma, 4),
-        "latency_s": stats.latency_s,
+        "gamma_mean": round(stats.gamma_mean, 4),
         "lossless_match": lossless,
         "worker": worker,
-        "proposer_counts": proposer_counts(stats.by_proposer) or None,
+        "proposer_counts": tallies_to_json(stats.by_proposer) or None,
         "looping": ends_in_a_loop(done.token_ids),
     }
-
-
-PROPOSER_FIELDS = ("rounds", "proposed", "accepted", "rejections")  # RowStats.by_proposer's order
-
-
-def proposer_counts(by_proposer: dict[str, list[int]]) -> dict[str, int]:
-    """Per-proposer tallies as stored (``tables.PROPOSER_COUNTS``): flat ``name:field`` keys."""
-    return {
-        f"{name}:{field}": value
-        for name, tally in by_proposer.items()
-        for field, value in zip(PROPOSER_FIELDS, tally, strict=True)
-    }
+    return {name: row[name] for name in RESULT_FIELDS}

@@ -118,12 +118,11 @@ def _elapsed(stats: JobStats) -> str:
 def _proposers(stats: JobStats) -> list[str]:
     """Mode auto: a line per proposer (what it drafted for the job's rows, and how much was kept)."""
     lines = []
-    for name, counts in (stats.proposers or {}).items():
-        proposed, accepted = counts.get("proposed", 0), counts.get("accepted", 0)
-        share = f"{accepted / proposed:.1%}" if proposed else "-"
+    for name, tally in (stats.proposers or {}).items():
+        share = f"{tally.accepted / tally.proposed:.1%}" if tally.proposed else "-"
         lines.append(
-            f"  {name + ':':<22}{counts.get('rounds', 0)} row-rounds, {proposed} proposed, "
-            f"{accepted} accepted ({share}), {counts.get('rejections', 0)} rejections"
+            f"  {name + ':':<22}{tally.rounds} row-rounds, {tally.proposed} proposed, "
+            f"{tally.accepted} accepted ({share}), {tally.rejections} rejections"
         )
     return ["by proposer:", *lines] if lines else []
 

@@ -3,7 +3,8 @@
 Shared by the CLI (``genjob results``) and the API (``GET /v1/jobs/{id}/results``). Exports keep the
 exact text by default; ``csv_safe`` prefixes a ``'`` to CSV cells that a spreadsheet would run as a
 formula (starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return). ``status`` keeps only the
-items in that state (``failed``, say). Parquet is ``genjob.formats.parquet``.
+items in that state (``failed``, say). A record's fields are declared in ``genjob.formats.result_fields``;
+Parquet is ``genjob.formats.parquet``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from sqlalchemy.orm import Session
 
 from genjob import store
 from genjob.formats.openai_output import response_record
-from genjob.tables import Item, Job, Result
+from genjob.formats.result_fields import EXPORT_NAMES, result_record
+from genjob.tables import Job
 
 
 class ResultFormat(StrEnum):
@@ -30,59 +32,6 @@ class ResultFormat(StrEnum):
 
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-
-
-RESULT_FIELDS = (
-    "id",
-    "index",
-    "line",
-    "status",
-    "output",
-    "finish_reason",
-    "mode",
-    "prompt_tokens",
-    "new_tokens",
-    "target_rounds",
-    "draft_proposed",
-    "draft_accepted",
-    "latency_s",
-    "looping",
-    "error",
-)
-
-
-def result_record(item: Item, result: Result | None) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "id": item.custom_id,
-        "index": item.seq,
-        "line": item.line,
-        "status": item.status,
-        "output": None,
-        "finish_reason": None,
-        "mode": None,
-        "prompt_tokens": None,
-        "new_tokens": None,
-        "target_rounds": None,
-        "draft_proposed": None,
-        "draft_accepted": None,
-        "latency_s": None,
-        "looping": None,
-        "error": item.error,
-    }
-    if result is not None:
-        record.update(
-            output=result.output,
-            finish_reason=result.finish_reason,
-            mode=result.mode,
-            prompt_tokens=result.prompt_tokens,
-            new_tokens=result.new_tokens,
-            target_rounds=result.target_rounds,
-            draft_proposed=result.draft_proposed,
-            draft_accepted=result.draft_accepted,
-            latency_s=round(result.latency_s, 6),
-            looping=result.looping,
-        )
-    return record
 
 
 def iter_result_records(
@@ -108,7 +57,7 @@ def render(records: Iterator[dict[str, Any]], fmt: ResultFormat, *, csv_safe: bo
             yield json.dumps(record, ensure_ascii=False) + "\n"
         return
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_FIELDS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=EXPORT_NAMES, lineterminator="\n")
     writer.writeheader()
     yield buffer.getvalue()
     for record in records:

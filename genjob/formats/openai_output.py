@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from genjob.constants import ItemStatus, OpenAIEndpoint
+from genjob.formats.result_fields import openai_fields
 from genjob.store import iter_results
 from genjob.tables import Item, Job, Result
 
@@ -30,20 +31,6 @@ def _usage(result: Result) -> dict[str, Any]:
             "accepted_prediction_tokens": result.draft_accepted,
             "rejected_prediction_tokens": max(0, result.draft_proposed - result.draft_accepted),
         },
-    }
-
-
-def _speculative(result: Result) -> dict[str, Any]:
-    """genjob's extension object (the SDK ignores it): how the item was decoded."""
-    return {
-        "mode": result.mode,
-        "target_rounds": result.target_rounds,
-        "draft_proposed": result.draft_proposed,
-        "draft_accepted": result.draft_accepted,
-        "draft_rejections": result.draft_rejections,
-        "gamma_mean": result.gamma_mean,
-        "latency_s": result.latency_s,
-        "looping": result.looping,
     }
 
 
@@ -81,7 +68,7 @@ def response_body(job: Job, item: Item, result: Result, *, model_paths: bool = F
         "model": job_model(job, paths=model_paths),
         "choices": [choice],
         "usage": _usage(result),
-        "genjob": _speculative(result),
+        "genjob": openai_fields(result),  # genjob's extension (the SDK ignores it)
     }
 
 

@@ -10,9 +10,16 @@ psycopg; ``from genjob.store import X`` and ``store.X`` work as if they were imp
 does ``store.MODULE`` for any module of the package.
 Must not know: Celery, torch, transformers, the HTTP API or the CLI."""
 
+# The block under ``if TYPE_CHECKING:`` is the one list of the package's names: imported there they
+# are its exports (for mypy and ruff, these two lines), and ``_homes`` reads it for ``__getattr__``.
+# mypy: implicit-reexport
+# ruff: noqa: F401
+
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what mypy sees; at run time ``__getattr__`` imports each on first use
@@ -57,65 +64,22 @@ if TYPE_CHECKING:  # what mypy sees; at run time ``__getattr__`` imports each on
         take_over_stalled_queueing,
     )
 
-# The module (under genjob.store) of each name above, which ``__getattr__`` imports on first use.
-_HOMES = {
-    "chunks": "ChunkRef ChunkStore OpenedChunk chunk_store",
-    "claims": "ClaimedItem Refused",
-    "items": "claim_items count_a_try_and_let_go fail_items finish_items give_up_exhausted release_items "
-    "stop_items write_and_claim",
-    "jobs": "ChunkMeasurements JobNotFound cancel_job create_job expire_due_jobs fail_job finalize_job "
-    "finalize_settled_jobs get_job iter_results list_jobs mark_job_running new_job_id record_chunk "
-    "retry_failed_items",
-    "postgres_chunk_ends": "ClosedChunk close_chunk open_chunk record_derived",
-    "postgres_groups": "finish_and_claim",
-    "queued": "live_jobs_with_pending_items pending_item_chunks pending_ranges record_queued seq_ranges "
-    "seq_runs take_over_stalled_queueing",
-}
-_HOME = {name: module for module, names in _HOMES.items() for name in names.split()}
 
-__all__ = [
-    "ChunkMeasurements",
-    "ChunkRef",
-    "ChunkStore",
-    "ClaimedItem",
-    "ClosedChunk",
-    "JobNotFound",
-    "OpenedChunk",
-    "Refused",
-    "cancel_job",
-    "chunk_store",
-    "claim_items",
-    "close_chunk",
-    "count_a_try_and_let_go",
-    "create_job",
-    "expire_due_jobs",
-    "fail_items",
-    "fail_job",
-    "finalize_job",
-    "finalize_settled_jobs",
-    "finish_and_claim",
-    "finish_items",
-    "get_job",
-    "give_up_exhausted",
-    "iter_results",
-    "list_jobs",
-    "live_jobs_with_pending_items",
-    "mark_job_running",
-    "new_job_id",
-    "open_chunk",
-    "pending_item_chunks",
-    "pending_ranges",
-    "record_chunk",
-    "record_derived",
-    "record_queued",
-    "release_items",
-    "retry_failed_items",
-    "seq_ranges",
-    "seq_runs",
-    "stop_items",
-    "take_over_stalled_queueing",
-    "write_and_claim",
-]
+def _homes() -> dict[str, str]:
+    """The module (under genjob.store) of each name the ``if TYPE_CHECKING:`` block above imports, read
+    from this file: that block is the one list of the package's names, for mypy and for ``__getattr__``."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    return {
+        alias.name: node.module.rpartition(".")[2]
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+
+
+_HOME = _homes()
+__all__ = sorted(_HOME)
 
 
 if not TYPE_CHECKING:  # hidden from mypy, which would otherwise take any ``store.X`` for Any

@@ -140,7 +140,7 @@ class ScriptedEngine:
                 self.queue.append(request)  # in flight for another step
                 continue
             self.steps.pop(request.key, None)
-            stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, rounds=1)
+            stats = RowStats(prompt_tokens=len(prompt.split()), new_tokens=1, target_rounds=1)
             stats.latency_s = seconds / len(rows)
             finished.append(
                 Finished(key=request.key, token_ids=[abs(request.key)], stats=stats)

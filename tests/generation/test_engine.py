@@ -67,9 +67,9 @@ def check_row(request: Request, decoded, expected: list[int], eos: int | None) -
     stats = decoded.stats
     assert stats.prompt_tokens == len(request.input_ids)
     assert stats.new_tokens == len(decoded.token_ids) <= request.max_new_tokens
-    assert 0 <= stats.accepted <= stats.proposed
-    assert stats.rounds + stats.accepted == stats.new_tokens
-    assert stats.rejections <= stats.rounds
+    assert 0 <= stats.draft_accepted <= stats.draft_proposed
+    assert stats.target_rounds + stats.draft_accepted == stats.new_tokens
+    assert stats.draft_rejections <= stats.target_rounds
     stopped = eos is not None and decoded.token_ids[-1] == eos
     assert stats.finish_reason == ("stop" if stopped else "length")
     assert 0 < stats.latency_s <= stats.wall_s
@@ -152,18 +152,18 @@ def test_exact_copy_as_draft_accepts_every_proposal(pair, drafts, reference, tin
     for one in requests:
         stats = results[one.key].stats
         check_row(one, results[one.key], reference(one.input_ids, one.max_new_tokens, None), None)
-        assert stats.accepted == stats.proposed > 0 and stats.rejections == 0
-        assert stats.rounds <= 1 + -(-(one.max_new_tokens - 1) // 6)  # 6 tokens per round
+        assert stats.draft_accepted == stats.draft_proposed > 0 and stats.draft_rejections == 0
+        assert stats.target_rounds <= 1 + -(-(one.max_new_tokens - 1) // 6)  # 6 tokens per round
 
 
 def test_perturbed_draft_gives_ragged_acceptance(pair, drafts, tiny_pair) -> None:
     target, _ = pair
     requests = stem_requests(load_tokenizer(str(tiny_pair[0])), 10, [40])
     results = decode_all(target, DraftModel(drafts["perturbed"]), requests, batch_size=10, gamma=4)
-    accepted = sum(r.stats.accepted for r in results.values())
-    proposed = sum(r.stats.proposed for r in results.values())
+    accepted = sum(r.stats.draft_accepted for r in results.values())
+    proposed = sum(r.stats.draft_proposed for r in results.values())
     assert 0.2 < accepted / proposed < 0.95  # the fixture really exercises partial acceptance
-    assert len({r.stats.rounds for r in results.values()}) > 1
+    assert len({r.stats.target_rounds for r in results.values()}) > 1
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 16])
@@ -174,8 +174,8 @@ def test_without_a_draft_it_is_batched_plain_greedy(pair, reference, tiny_pair, 
     for one in requests:
         decoded = results[one.key]
         check_row(one, decoded, reference(one.input_ids, one.max_new_tokens, None), None)
-        assert decoded.stats.rounds == decoded.stats.new_tokens
-        assert decoded.stats.proposed == 0
+        assert decoded.stats.target_rounds == decoded.stats.new_tokens
+        assert decoded.stats.draft_proposed == 0
 
 
 def test_rows_near_the_context_limit_never_pass_it(tmp_path: Path) -> None:

@@ -146,8 +146,8 @@ def test_a_plain_twin_is_plain_decoding_in_the_same_batch(target, tiny_pair) -> 
     twin = type(twin)(key=-1, input_ids=ids, max_new_tokens=30, draft_limit=0)
     results = {done.key: done for done in engine.generate([request(1, ids, 30), twin])}
     assert results[1].token_ids == results[-1].token_ids
-    assert results[-1].stats.accepted == 0 and results[-1].stats.rounds == 30
-    assert results[1].stats.accepted > 0
+    assert results[-1].stats.draft_accepted == 0 and results[-1].stats.target_rounds == 30
+    assert results[1].stats.draft_accepted > 0
 
 
 def test_stop_sequences_end_a_row_and_cut_its_text(target, tiny_pair) -> None:

@@ -17,6 +17,7 @@ from genjob.generation.proposer_mix import ProposerMix
 from genjob.generation.proposers import BatchView, PromptLookup, Proposal
 from genjob.generation.requests import Request, Row, RowStats
 from genjob.generation.sampling import RowSampling
+from genjob.proposer_tally import ProposerTally
 from tests.generation.test_sampling import (  # noqa: F401 (peaked_pair: a fixture)
     CHI2_999,
     chi_square,
@@ -59,7 +60,8 @@ class OnlyFor(DraftModel):
 
 
 def row(key: int) -> Row:
-    return Row(request=Request(key=key, input_ids=[1, 2, 3], max_new_tokens=50), stats=RowStats(rounds=1))
+    request = Request(key=key, input_ids=[1, 2, 3], max_new_tokens=50)
+    return Row(request=request, stats=RowStats(target_rounds=1))
 
 
 def one_round(mix: ProposerMix, rows: list[Row], k: int, accepted: list[int]) -> None:
@@ -74,7 +76,7 @@ def one_round(mix: ProposerMix, rows: list[Row], k: int, accepted: list[int]) ->
     mix.propose(view, k)
     mix.advance(rows, [3] * b, accepted, k)
     for one in rows:
-        one.stats.rounds += 1
+        one.stats.target_rounds += 1
 
 
 def test_a_row_whose_proposer_stops_paying_moves_to_another_then_to_none() -> None:
@@ -94,8 +96,8 @@ def test_a_row_whose_proposer_stops_paying_moves_to_another_then_to_none() -> No
     mix.available(rows, 4)
     assert rows[0].proposer is None  # no drafts for this row: its k is 0
     tallies = rows[0].stats.by_proposer
-    assert tallies["a"][0] >= 2 and tallies["a"][2] == 4 and tallies["b"][2] == 0
-    assert mix.totals["a"][2] == 4
+    assert tallies["a"].rounds >= 2 and tallies["a"].accepted == 4 and tallies["b"].accepted == 0
+    assert mix.totals["a"].accepted == 4
 
 
 def test_the_draft_length_weighs_the_chosen_proposers_acceptance_not_the_rows_mixed_past() -> None:
@@ -125,10 +127,11 @@ def test_the_draft_length_weighs_the_chosen_proposers_acceptance_not_the_rows_mi
 def test_every_eighth_round_a_row_tries_another_proposer_unless_the_job_found_it_poor() -> None:
     mix = ProposerMix([Fixed("a", [5, 6, 7, 8]), Fixed("b", [5, 6, 7, 8])])
     rows = [row(0)]
-    rows[0].stats.rounds = 8
+    rows[0].stats.target_rounds = 8
     mix.available(rows, 4)
     assert rows[0].proposer == "b"  # untried: it might pay
-    mix.totals["b"] = [40, 160, 4, 40]  # the job's rows found "b" right 4 times in 44
+    # the job's rows found "b" right 4 times in 44
+    mix.totals["b"] = ProposerTally(rounds=40, proposed=160, accepted=4, rejections=40)
     mix.available(rows, 4)
     assert rows[0].proposer == "a"
 

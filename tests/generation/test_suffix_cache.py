@@ -257,4 +257,4 @@ def test_greedy_decoding_with_the_suffix_proposer_is_the_targets_own(tiny_pair: 
         assert results[one.key].token_ids == reference(one.input_ids, 30, None)
     assert proposer.chosen_job > 0 and proposer.calls > 0
     repeats = [results[i].stats for i in range(4, 12)]
-    assert sum(s.accepted for s in repeats) > sum(results[i].stats.accepted for i in range(4))
+    assert sum(s.draft_accepted for s in repeats) > sum(results[i].stats.draft_accepted for i in range(4))
