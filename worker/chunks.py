@@ -143,7 +143,7 @@ class ChunkRun:
         )
         self.outcome = ChunkOutcome()
         self.mine: list[int] = []  # the items leased to this chunk, in order
-        self.started = time.perf_counter()
+        self.started = 0.0  # time.perf_counter() once its items were leased: its busy time from then
 
     @property
     def job_id(self) -> str:
@@ -155,7 +155,7 @@ class ChunkRun:
         opened = self.open()
         if opened is None:
             return self.outcome
-        settings = self.settings
+        settings, self.started = self.settings, time.perf_counter()
         # The leases are renewed from here on: loading the models may take longer than a lease, but not
         # longer than GENJOB_LOAD_STALL_S; then each round must end within GENJOB_ROUND_STALL_S.
         with self.process.renewer.holding(
