@@ -100,9 +100,9 @@ if __name__ == "__main__":
         sys.argv.remove("--noop")
         from model_doubles import scripted_runner
 
-        from genjob.worker.runners import RUNNERS
+        from genjob.worker.chunks import PROCESS
 
-        RUNNERS.build = scripted_runner
+        PROCESS.runners.build = scripted_runner
     from genjob.cli import main
 
     main()

@@ -141,10 +141,10 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def scripted_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """The models replaced by the scripted stand-in (tests/doubles/model_doubles.py), in this process."""
-    from genjob.worker.runners import RUNNERS
+    from genjob.worker.chunks import PROCESS
     from tests.doubles.model_doubles import scripted_runner
 
-    monkeypatch.setattr(RUNNERS, "build", scripted_runner)
+    monkeypatch.setattr(PROCESS.runners, "build", scripted_runner)
     monkeypatch.setenv("GENJOB_RETRY_BACKOFF_S", "0")
     monkeypatch.setenv("GENJOB_BATCH_SIZE", "1")
 

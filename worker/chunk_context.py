@@ -1,5 +1,8 @@
 """What a chunk's item loop (``genjob.worker.item_loop``) is given and what it tells back.
 
+``Runner``: a job's runner as the chunk uses it (``genjob.worker.runners.JobRunner``; the tests' stand-in
+implements the same members), so that no code looks a member up by name or checks for a double.
+
 ``ChunkContext``: the chunk's store (``genjob.store.ChunkStore``: the job, who holds its leases, every
 write, whatever the database), and the chunk's renewals: ``stop_renewals`` before leases are handed
 back, ``beat`` after each engine round (its leases are renewed only while it beats:
@@ -11,10 +14,40 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from genjob.options import JobSpec
 from genjob.settings import Settings
 from genjob.store import ChunkStore
+from genjob.store.claims import ClaimedItem
+
+if TYPE_CHECKING:
+    from genjob.generation.engine import Engine
+    from genjob.generation.requests import Finished, Request
+
+
+class Runner(Protocol):
+    """A job's runner in a worker process: its engine, and what turns an item into a request and a
+    finished row into text."""
+
+    spec: JobSpec
+    engine: Engine
+    batch_size: int  # rows per batch on this worker
+    setup_extra_s: float  # seconds spent measuring costs for speculation, not yet charged to the job
+
+    def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request: ...
+
+    def is_lossless_sample(self, seq: int) -> bool: ...
+
+    def learn(self, done: Finished) -> None: ...
+
+    def text(self, tokens: list[int]) -> str: ...
+
+    def release(self) -> None: ...
+
+    def take_setup_extra(self) -> float: ...
+
+    def keep_costs(self) -> None: ...
 
 
 @dataclass
@@ -25,6 +58,10 @@ class ChunkOutcome:
     retried: int = 0
     stopped: bool = False
     interrupted: bool = False  # a graceful stop (SIGTERM): what was left is given back
+
+    def counts(self) -> dict[str, int]:
+        """The items counted so far, by state (the ``state`` label of ``genjob_items_total``)."""
+        return {"done": self.done, "failed": self.failed, "retried": self.retried, "skipped": self.skipped}
 
 
 def _no_beat(extra_s: float = 0.0) -> None:

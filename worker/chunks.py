@@ -1,10 +1,12 @@
 """Run one chunk of a job: lease its items, run them through the job's engine, record what it measured.
 
-Sits between the Celery task (which only passes ids) and the engine (which only sees token ids): it
-owns the database writes and the per-process cache of job runners. The items go through the one
-item loop (``genjob.worker.item_loop``); at the end the engine's measurements of the chunk (rounds,
-plain probe rounds, prefill, the worker's busy time, the γ histogram) are added to the job, and the
-job's expected speedup is derived again from its sums and the costs this worker measured.
+``ChunkRun`` owns a chunk's whole lifecycle, a method a step (open, load, decode, close, give back),
+between the Celery task (which only passes ids and maps how it ended) and the engine (which only sees
+token ids); ``WorkerProcess`` (``PROCESS``) is what a process keeps across chunks: its cache of job
+runners and its lease renewer. The items go through the one item loop (``genjob.worker.item_loop``);
+at the close the engine's measurements of the chunk (rounds, plain probe rounds, prefill, the worker's
+busy time, the γ histogram) are added to the job, and the job's expected speedup is derived again
+from the sums the close returned and the costs this worker measured.
 
 Reliability: the chunk's items are leased to this process (renewed by its ``LeaseRenewer`` thread while
 the chunk makes progress), so no other worker runs them while it lives and moves, and the sweeper takes
@@ -22,10 +24,9 @@ Must not know: HTTP, the CLI.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from genjob import store
@@ -33,13 +34,15 @@ from genjob.db import RETRYABLE_DB_ERRORS
 from genjob.generation.costs import expected_speedup
 from genjob.generation.engine_stats import EngineStats
 from genjob.generation.loading import ModelLoadError
+from genjob.options import JobSpec
 from genjob.settings import Settings
+from genjob.worker.chunk_context import ChunkContext, ChunkOutcome, Runner
 from genjob.worker.devices import is_sticky_device_error
-from genjob.worker.item_loop import ChunkContext, ChunkOutcome, ItemLoop
-from genjob.worker.leasing import RENEWER, lease_holder
+from genjob.worker.item_loop import ItemLoop
+from genjob.worker.leasing import LeaseRenewer, Renewal, lease_holder
 from genjob.worker.metrics import metered
 from genjob.worker.provenance import note_once
-from genjob.worker.runners import RUNNERS, JobRunner
+from genjob.worker.runners import JobRunner, RunnerCache
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +86,9 @@ def measurements(
     )
 
 
-def _derive(job: Any, *, runner: JobRunner) -> dict[str, Any] | None:
-    """The job's expected speedup, cost ratio and costs at its mean batch size, from its new sums
-    (``job``: a ``Job``, or the row ``genjob.store.close_chunk`` returned); None if it has nothing
-    to derive."""
+def _derive(job: store.ClosedChunk, *, runner: Runner) -> dict[str, Any] | None:
+    """The job's expected speedup, cost ratio and costs at its mean batch size, from its sums as the
+    chunk's close left them; None if it has nothing to derive."""
     hist = {int(k): n for k, n in (job.gamma_hist or {}).items()}
     if runner.engine.proposer is None or not hist:
         return None
@@ -107,17 +109,173 @@ def _derive(job: Any, *, runner: JobRunner) -> dict[str, Any] | None:
     }
 
 
-def _measured(runner: JobRunner, started: float, loop: ItemLoop) -> store.ChunkMeasurements | None:
-    engine = getattr(runner, "engine", None)
-    if engine is None:
-        return None
-    return measurements(
-        engine.stats.take(),
-        busy_seconds=time.perf_counter() - started,
-        last_draft_tokens=engine.k if engine.proposer is not None else None,
-        setup_extra_s=runner.take_setup_extra() if isinstance(runner, JobRunner) else 0.0,
-        proposer_counts=dict(loop.proposer_counts),
-    )
+@dataclass
+class WorkerProcess:
+    """What a worker process keeps from one chunk to the next: its job runners (models loaded once
+    per job) and the one thread that renews its leases. Each process has one (``PROCESS``); a forked
+    pool child inherits its parent's and starts its own renewer thread at its first chunk."""
+
+    runners: RunnerCache = field(default_factory=lambda: RunnerCache(JobRunner.build))
+    renewer: LeaseRenewer = field(default_factory=LeaseRenewer)
+
+
+PROCESS = WorkerProcess()
+
+
+class ChunkRun:
+    """One chunk from its message to its close, each step a method, as arq's ``Worker.run_job`` owns a
+    job: ``open`` (lease its items), ``load`` (the job's runner), ``decode`` (the item loop), ``close``
+    (the last group, what it let go, what it measured), and ``give_back`` when this worker fails
+    holding its items. ``run`` is the whole of it; the Celery task only maps its ending to Celery's."""
+
+    def __init__(
+        self, settings: Settings, chunk: store.ChunkRef, *, worker: str, process: WorkerProcess = PROCESS
+    ) -> None:
+        self.settings, self.chunk, self.worker, self.process = settings, chunk, worker, process
+        self.holder = lease_holder(worker)
+        self.chunks = store.chunk_store(
+            settings.database_url,
+            job_id=chunk.job_id,
+            holder=self.holder,
+            lease_s=settings.lease_s,
+            max_attempts=settings.max_attempts,
+            retry_s=settings.db_retry_s,
+        )
+        self.outcome = ChunkOutcome()
+        self.mine: list[int] = []  # the items leased to this chunk, in order
+        self.started = 0.0  # time.perf_counter() once its items were leased: its busy time from then
+
+    @property
+    def job_id(self) -> str:
+        return self.chunk.job_id
+
+    def run(self) -> ChunkOutcome:
+        """Generate every open item of the chunk; stop claiming if the job ends meanwhile, or the
+        worker is asked to stop."""
+        opened = self.open()
+        if opened is None:
+            return self.outcome
+        settings, self.started = self.settings, time.perf_counter()
+        # The leases are renewed from here on: loading the models may take longer than a lease, but not
+        # longer than GENJOB_LOAD_STALL_S; then each round must end within GENJOB_ROUND_STALL_S.
+        with self.process.renewer.holding(
+            settings, item_ids=self.mine, holder=self.holder, allow_s=settings.load_stall_s
+        ) as renewal:
+            runner = self.load(opened.spec, renewal)
+            if runner is None:
+                return self.outcome
+            renewal.beat()  # loaded: from here on, rounds
+            context = ChunkContext(
+                settings=settings,
+                worker=self.worker,
+                chunks=self.chunks,
+                stop_renewals=renewal.stop,
+                beat=renewal.beat,
+            )
+            loop = ItemLoop(runner, context, self.outcome)
+            labels = {"model": opened.spec.model, "queue": opened.queue, "mode": opened.spec.mode.value}
+            with metered(runner.engine, self.outcome, **labels, worker=self.worker):
+                try:
+                    self.decode(loop)
+                    renewal.stop()  # none after the close, which may end leases (a graceful stop)
+                    self.close(loop)
+                except RETRYABLE_DB_ERRORS:
+                    raise  # the database is away: the task queues the chunk again later
+                except Exception as exc:
+                    renewal.stop()
+                    raise self.give_back(exc, loop) from exc
+        return self.outcome
+
+    def open(self) -> store.OpenedChunk | None:
+        """Lease the chunk's open items; None: nothing to run (the job ended, or every item is final
+        or held by another live worker)."""
+        opened = self.chunks.open(self.chunk)
+        if opened is None:
+            self.outcome.skipped, self.outcome.stopped = len(self.chunk), True
+            return None
+        self.mine = opened.reserved
+        self.outcome.skipped = len(self.chunk) - len(self.mine)  # final, or held by another live worker
+        if not self.mine:  # the job may have ended with the items another worker finished
+            self.chunks.close(let_go=[])
+            return None
+        return opened
+
+    def load(self, spec: JobSpec, renewal: Renewal) -> Runner | None:
+        """The job's runner (built once per job in this process); None: its models cannot load, and
+        the job failed."""
+        try:
+            runner = self.process.runners.get(self.job_id, spec, settings=self.settings)
+        except ModelLoadError as exc:  # the job's fault: it fails
+            log.error("job %s: %s", self.job_id, exc)
+            self.chunks.tx(store.fail_job, job_id=self.job_id, error=str(exc))
+            self.outcome.stopped = True
+            return None
+        except Exception as exc:  # this worker's fault (out of memory in warm-up, say)
+            renewal.stop()  # the leases it ends stay ended
+            raise self.give_back(exc) from exc
+        note_once(self.chunks.tx, job_id=self.job_id, spec=spec)
+        log.info(
+            "job %s: decoding %d items from here (models and costs ready in %.1f s)",
+            self.job_id,
+            len(self.mine),
+            time.perf_counter() - self.started,
+        )
+        return runner
+
+    def decode(self, loop: ItemLoop) -> None:
+        """Every item through the item loop; the last group is left for the close where the store
+        writes it there."""
+        loop.run(self.mine, keep_last=self.chunks.keeps_last_group)
+        loop.runner.keep_costs()  # what its rounds learnt, for the processes that follow
+
+    def close(self, loop: ItemLoop) -> None:
+        """Write the last group, let go of the items the chunk did not run, add what it measured to
+        the job and what that changes in its expected speedup."""
+        runner = loop.runner
+        measured = measurements(
+            runner.engine.stats.take(),
+            busy_seconds=time.perf_counter() - self.started,
+            last_draft_tokens=runner.engine.k if runner.engine.proposer is not None else None,
+            setup_extra_s=runner.take_setup_extra(),
+            proposer_counts=dict(loop.proposer_counts),
+        )
+        last, loop.finished = loop.finished, []
+        try:
+            closed = self.chunks.close(
+                let_go=[i for i in self.mine if i not in loop.claimed or i in loop.alone],  # held pending
+                finished=last,
+                measured=measured,
+                interrupted=self.outcome.interrupted,
+            )
+        except Exception:
+            loop.finished = last  # not written: a fault below writes them or counts their try
+            raise
+        if closed is None:  # no job, or nothing written done
+            loop.written(last, set(), set())
+            return
+        loop.written(last, closed.finished, set())
+        derived = _derive(closed, runner=runner)
+        if derived is not None:
+            self.chunks.record_derived(closed, derived)
+
+    def give_back(self, exc: Exception, loop: ItemLoop | None = None) -> WorkerFault:
+        """This worker failed holding the chunk's items: count a try for each (a sweeper queues them
+        again; those out of tries fail with this error), end their leases, and say so in one line."""
+        job_id, tx = self.job_id, self.chunks.tx
+        error = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "job %s: this worker failed holding %d items: %s", job_id, len(self.mine), error, exc_info=exc
+        )
+        counted = loop.give_up_in_flight(error) if loop is not None else set()
+        tx(
+            store.count_a_try_and_let_go,
+            item_ids=[item_id for item_id in self.mine if item_id not in counted],
+            worker=self.holder,
+            error=error,
+            max_attempts=self.settings.max_attempts,
+        )
+        tx(store.finalize_job, job_id=job_id)
+        return WorkerFault(f"job {job_id}: {error}", sticky=is_sticky_device_error(exc))
 
 
 def process_chunk(
@@ -128,111 +286,6 @@ def process_chunk(
     item_ids: list[int] | None = None,
     seq_range: tuple[int, int] | None = None,
 ) -> ChunkOutcome:
-    """Generate every open item of the chunk (a range of the job's items, or a list of item ids);
-    stop claiming if the job ends meanwhile, or the worker is asked to stop."""
+    """Run the chunk (a range of the job's items, or a list of item ids) in this process: ``ChunkRun``."""
     chunk = store.ChunkRef(job_id, seq_range, tuple(item_ids) if item_ids is not None else None)
-    holder = lease_holder(worker)
-    chunks = store.chunk_store(
-        settings.database_url,
-        job_id=job_id,
-        holder=holder,
-        lease_s=settings.lease_s,
-        max_attempts=settings.max_attempts,
-        retry_s=settings.db_retry_s,
-    )
-    tx = chunks.tx
-    outcome = ChunkOutcome()
-    opened = chunks.open(chunk)
-    if opened is None:
-        outcome.skipped, outcome.stopped = len(chunk), True
-        return outcome
-    spec, mine, queue = opened.spec, opened.reserved, opened.queue
-    outcome.skipped = len(chunk) - len(mine)  # final, or held by another live worker
-    if not mine:  # the job may have ended with the items another worker finished
-        chunks.close(let_go=[])
-        return outcome
-    started = time.perf_counter()
-    # The leases are renewed from here on: loading the models may take longer than a lease, but not
-    # longer than GENJOB_LOAD_STALL_S; then each round must end within GENJOB_ROUND_STALL_S.
-    with RENEWER.holding(settings, item_ids=mine, holder=holder, allow_s=settings.load_stall_s) as renewal:
-        try:
-            runner = RUNNERS.get(job_id, spec, settings=settings)
-        except ModelLoadError as exc:  # the job's fault: it fails
-            log.error("job %s: %s", job_id, exc)
-            tx(store.fail_job, job_id=job_id, error=str(exc))
-            outcome.stopped = True
-            return outcome
-        except Exception as exc:  # this worker's fault (out of memory in warm-up, say)
-            renewal.stop()  # the leases it ends stay ended
-            raise _fault(tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc) from exc
-        note_once(tx, job_id=job_id, spec=spec)
-        log.info(
-            "job %s: decoding %d items from here (models and costs ready in %.1f s)",
-            job_id,
-            len(mine),
-            time.perf_counter() - started,
-        )
-        renewal.beat()  # loaded: from here on, rounds
-        context = ChunkContext(
-            settings=settings,
-            worker=worker,
-            chunks=chunks,
-            stop_renewals=renewal.stop,
-            beat=renewal.beat,
-        )
-        labels = {"model": spec.model, "queue": queue, "mode": spec.mode.value, "worker": worker}
-        loop = ItemLoop(runner, context, outcome)
-        with metered(runner.engine, outcome, **labels):
-            try:
-                loop.run(mine, keep_last=chunks.keeps_last_group)  # the last group goes with the close
-                if isinstance(runner, JobRunner):
-                    runner.keep_costs()  # what its rounds learnt, for the processes that follow
-                measured = _measured(runner, started, loop)
-                renewal.stop()  # none after the close, which may end leases (a graceful stop)
-                last, loop.finished = loop.finished, []
-                try:
-                    done = chunks.close(
-                        let_go=[i for i in mine if i not in loop.claimed or i in loop.alone],  # held pending
-                        finished=last,
-                        measured=measured,
-                        derive=functools.partial(_derive, runner=runner),
-                        interrupted=outcome.interrupted,
-                    )
-                except Exception:
-                    loop.finished = last  # not written: a fault below writes them or counts their try
-                    raise
-                loop.written(last, done, set())
-            except RETRYABLE_DB_ERRORS:
-                raise  # the database is away: the task queues the chunk again later
-            except Exception as exc:
-                renewal.stop()
-                raise _fault(
-                    tx, settings, job_id=job_id, item_ids=mine, holder=holder, exc=exc, loop=loop
-                ) from exc
-    return outcome
-
-
-def _fault(
-    tx: Callable[..., Any],
-    settings: Settings,
-    *,
-    job_id: str,
-    item_ids: list[int],
-    holder: str,
-    exc: Exception,
-    loop: ItemLoop | None = None,
-) -> WorkerFault:
-    """Count a try for every item this worker holds, end its leases (a sweeper queues them again;
-    those out of tries fail with this error), and say so in one line."""
-    error = f"{type(exc).__name__}: {exc}"
-    log.error("job %s: this worker failed holding %d items: %s", job_id, len(item_ids), error, exc_info=exc)
-    counted = loop.give_up_in_flight(error) if loop is not None else set()
-    tx(
-        store.count_a_try_and_let_go,
-        item_ids=[item_id for item_id in item_ids if item_id not in counted],
-        worker=holder,
-        error=error,
-        max_attempts=settings.max_attempts,
-    )
-    tx(store.finalize_job, job_id=job_id)
-    return WorkerFault(f"job {job_id}: {error}", sticky=is_sticky_device_error(exc))
+    return ChunkRun(settings, chunk, worker=worker).run()

@@ -35,9 +35,9 @@ from genjob.generation.requests import Finished
 from genjob.settings import Settings
 from genjob.store.chunks import Rows
 from genjob.store.claims import ClaimedItem
-from genjob.worker.chunk_context import ChunkContext, ChunkOutcome
+from genjob.worker.chunk_context import ChunkContext, ChunkOutcome, Runner
 from genjob.worker.devices import is_sticky_device_error
-from genjob.worker.runners import PERMANENT_ITEM_ERRORS, JobRunner, result_row
+from genjob.worker.runners import result_row
 from genjob.worker.stopping import stopping
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def retry_delay(settings: Settings, attempts: int) -> float:
 
 @dataclass
 class ItemLoop:
-    runner: JobRunner
+    runner: Runner
     context: ChunkContext
     outcome: ChunkOutcome
     in_flight: dict[int, ClaimedItem] = field(default_factory=dict)
@@ -183,25 +183,43 @@ class ItemLoop:
         self._give_back()
         return True
 
-    def _give_back(self) -> None:
-        """Hand the items in flight back at once (their leases end now, their tries are refunded)."""
-        self._write()
+    def _drop_in_flight(self) -> list[ClaimedItem]:
+        """The rows in flight leave the batch at once (their twins and held halves too): their items,
+        for the caller to hand back or stop."""
         self.runner.engine.abandon()
         items = list(self.in_flight.values())
         self.in_flight.clear()
         self.twins.clear()
         self.held.clear()
-        self.context.stop_renewals()
+        return items
+
+    def _hand_back(
+        self,
+        items: list[ClaimedItem],
+        *,
+        error: str | None,
+        outcome: AttemptOutcome,
+        refund: bool = False,
+        expire_lease: bool = False,
+    ) -> None:
+        """Give ``items`` back to the job (``genjob.store.release_items``)."""
         if items:
             self.context.tx(
                 store.release_items,
                 items=items,
                 worker=self.context.holder,
-                error=None,
-                outcome=AttemptOutcome.RELEASED,
-                refund=True,
-                expire_lease=True,
+                error=error,
+                outcome=outcome,
+                refund=refund,
+                expire_lease=expire_lease,
             )
+
+    def _give_back(self) -> None:
+        """Hand the items in flight back at once (their leases end now, their tries are refunded)."""
+        self._write()
+        items = self._drop_in_flight()
+        self.context.stop_renewals()
+        self._hand_back(items, error=None, outcome=AttemptOutcome.RELEASED, refund=True, expire_lease=True)
 
     def _stop_in_flight(self) -> None:
         """The job was cancelled or expired: what finished is written and kept; the rows in flight
@@ -209,12 +227,7 @@ class ItemLoop:
         self._write()
         if not self.in_flight:
             return
-        self.runner.engine.abandon()
-        items = list(self.in_flight.values())
-        self.in_flight.clear()
-        self.twins.clear()
-        self.held.clear()
-        stopped = self.context.tx(store.stop_items, items=items, worker=self.context.holder)
+        stopped = self.context.tx(store.stop_items, items=self._drop_in_flight(), worker=self.context.holder)
         self.outcome.skipped += len(stopped)
         log.info("job %s: ended; %d rows in flight stopped", self.context.job_id, len(stopped))
 
@@ -226,17 +239,8 @@ class ItemLoop:
         except Exception as exc:  # the items stay running: they are reclaimed once their lease ends
             log.warning("job %s: could not write finished rows: %s", self.context.job_id, exc)
             return set(self.in_flight)
-        items = list(self.in_flight.values())
-        self.in_flight.clear()
-        if items:
-            self.context.tx(
-                store.release_items,
-                items=items,
-                worker=self.context.holder,
-                error=error,
-                outcome=AttemptOutcome.LOST,
-                expire_lease=True,
-            )
+        items = self._drop_in_flight()
+        self._hand_back(items, error=error, outcome=AttemptOutcome.LOST, expire_lease=True)
         return {item.id for item in items}
 
     def _admit(self, item: ClaimedItem) -> None:
@@ -285,7 +289,6 @@ class ItemLoop:
 
     def _lose_batch(self, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"
-        self.runner.engine.abandon()
         log.warning(
             "job %s: a batch failed (%s); its %d items run alone\n%s",
             self.context.job_id,
@@ -293,25 +296,15 @@ class ItemLoop:
             len(self.in_flight),
             traceback.format_exc(),
         )
-        items = list(self.in_flight.values())
-        self.in_flight.clear()
-        self.twins.clear()
-        self.held.clear()
+        items = self._drop_in_flight()
         max_attempts = self.context.settings.max_attempts
         for item in items:
             if item.attempts >= max_attempts:  # no try left to run it alone
                 self._fail(item, exc)
         self._write()
         again = [item for item in items if item.attempts < max_attempts]
-        if again:
-            self.context.tx(
-                store.release_items,
-                items=again,
-                worker=self.context.holder,
-                error=error,
-                outcome=AttemptOutcome.RETRIED,
-            )
-            self.alone.extend(item.id for item in again)
+        self._hand_back(again, error=error, outcome=AttemptOutcome.RETRIED)
+        self.alone.extend(item.id for item in again)
 
     def _fail(self, item: ClaimedItem, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"
@@ -347,12 +340,9 @@ class ItemLoop:
                 return True
             except Exception as exc:
                 if is_sticky_device_error(exc):
-                    raise  # a worker fault: the item goes back with the rest (``chunks._fault``)
-                engine.abandon()
-                self.in_flight.pop(item_id)
-                self.twins.pop(item_id, None)
-                self.held.pop(item_id, None)
-                if isinstance(exc, PERMANENT_ITEM_ERRORS) or item.attempts >= settings.max_attempts:
+                    raise  # a worker fault: the item goes back with the rest (``ChunkRun.give_back``)
+                self._drop_in_flight()  # the item alone
+                if item.attempts >= settings.max_attempts:
                     log.warning("%s", traceback.format_exc())
                     self._fail(item, exc)
                     self._write()
@@ -367,13 +357,7 @@ class ItemLoop:
                     item.attempts + 1,
                     delay,
                 )
-                self.context.tx(
-                    store.release_items,
-                    items=[item],
-                    worker=self.context.holder,
-                    error=error,
-                    outcome=AttemptOutcome.RETRIED,
-                )
+                self._hand_back([item], error=error, outcome=AttemptOutcome.RETRIED)
                 self.outcome.retried += 1
                 self.context.beat(delay)  # the backoff is no stall
                 time.sleep(delay)

@@ -217,6 +217,3 @@ class Renewal:
 
     def stop(self) -> None:
         self.renewer._forget(self.held)
-
-
-RENEWER = LeaseRenewer()

@@ -41,10 +41,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from genjob.formats.openai_output import model_label as short_model_name
+from genjob.generation.requests import Finished
 from genjob.telemetry import RATE_WINDOW_S, exposition, multiprocess_registry, worker_metrics
+from genjob.worker.chunk_context import ChunkOutcome
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from genjob.generation.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,6 @@ ENGINE_COUNTERS = (
     "prefill_rows",
     "prefill_tokens",
 )
-OUTCOME_STATES = {"done": "done", "failed": "failed", "retried": "retried", "skipped": "skipped"}
 MAX_MODEL_LABELS = 32  # models outside the catalog a process names; past it they are "other"
 
 
@@ -102,8 +105,8 @@ def model_label(model: str) -> str:
 
 @dataclass
 class _Meter:
-    engine: Any
-    outcome: Any
+    engine: Engine
+    outcome: ChunkOutcome
     labels: tuple[str, str, str, str]
     seen: dict[str, float] = field(default_factory=dict)
     counted: dict[str, int] = field(default_factory=dict)
@@ -112,14 +115,14 @@ class _Meter:
 
     def __post_init__(self) -> None:
         self.seen = self._engine_counts()
-        self.counted = {name: 0 for name in OUTCOME_STATES}
+        self.counted = dict.fromkeys(self.outcome.counts(), 0)
         self.window.append((time.monotonic(), 0.0, 0.0, 0.0))
 
     def _engine_counts(self) -> dict[str, float]:
         stats = self.engine.stats
         return {name: float(getattr(stats, name, 0)) for name in ENGINE_COUNTERS}
 
-    def update(self, finished: Sequence[Any] = ()) -> None:
+    def update(self, finished: Sequence[Finished] = ()) -> None:
         metrics, labels = worker_metrics(), self.labels
         now = self._engine_counts()
         # A counter smaller than last time was reset (``take`` at a chunk's end): all of it is new.
@@ -145,15 +148,14 @@ class _Meter:
             metrics.proposed.labels(*labels).inc(gained["proposed"])
             metrics.accepted.labels(*labels).inc(max(gained["accepted"], 0))
         for row in finished:
-            if getattr(row, "key", 0) >= 0:  # a lossless check's twin (negative key) is no item
-                metrics.item_seconds.labels(*labels).observe(float(getattr(row.stats, "wall_s", 0.0)))
+            if row.key >= 0:  # a lossless check's twin (negative key) is no item
+                metrics.item_seconds.labels(*labels).observe(row.stats.wall_s)
         self._rates(tokens, gained["proposed"], max(gained["accepted"], 0))
-        for attribute, state in OUTCOME_STATES.items():
-            value = int(getattr(self.outcome, attribute, 0))
-            if value > self.counted[attribute]:
-                metrics.items.labels(*labels, state).inc(value - self.counted[attribute])
-                self.counted[attribute] = value
-        metrics.rows.labels(*labels).set(int(getattr(self.engine, "busy", 0)))
+        for state, value in self.outcome.counts().items():
+            if value > self.counted[state]:
+                metrics.items.labels(*labels, state).inc(value - self.counted[state])
+                self.counted[state] = value
+        metrics.rows.labels(*labels).set(self.engine.busy)
 
     def _rates(self, tokens: float, proposed: float, accepted: float) -> None:
         """Tokens per second and acceptance over the window's rounds, as gauges."""
@@ -171,21 +173,23 @@ class _Meter:
 
 
 @contextmanager
-def metered(engine: Any, outcome: Any, *, model: str, queue: str, mode: str, worker: str) -> Iterator[None]:
+def metered(
+    engine: Engine, outcome: ChunkOutcome, *, model: str, queue: str, mode: str, worker: str
+) -> Iterator[None]:
     """Count the chunk running in this block into the worker's metrics (see the module's doc);
     ``model``: as the job names it (a path or hub id), labelled by ``model_label``."""
     meter = _Meter(engine, outcome, (model_label(model), queue, mode, worker))
-    step: Callable[[], list[Any]] = engine.step
+    step: Callable[[], list[Finished]] = engine.step
 
-    def counted_step() -> list[Any]:
-        finished: list[Any] = []
+    def counted_step() -> list[Finished]:
+        finished: list[Finished] = []
         try:
             finished = step()
             return finished
         finally:
             meter.update(finished)
 
-    engine.step = counted_step
+    engine.step = counted_step  # type: ignore[method-assign]  # for as long as the chunk runs
     faulted = False
     try:
         yield

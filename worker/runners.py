@@ -44,13 +44,13 @@ from genjob.proposer_tally import tallies_to_json
 from genjob.settings import Settings
 from genjob.store.claims import ClaimedItem
 from genjob.tables import RESULT_FIELDS
+from genjob.worker.chunk_context import Runner
 from genjob.worker.metrics import note_runner_built
 
 log = logging.getLogger(__name__)
 
 MAX_CACHED_RUNNERS = 16
 LARGEST_PROBED_BATCH = 64
-CHUNK_PER_BATCH = 4  # default items per task message: four batches, so a chunk's tail is short
 
 
 SEED_MASK = 2**63 - 1
@@ -58,10 +58,6 @@ SEED_MASK = 2**63 - 1
 
 class PromptTooLong(ValueError):
     pass
-
-
-# Errors that another try cannot fix: the item fails at once.
-PERMANENT_ITEM_ERRORS: tuple[type[Exception], ...] = (PromptTooLong,)
 
 
 def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int]:
@@ -249,22 +245,23 @@ class RunnerCache:
     """Per-process cache of job runners (models themselves are cached by name in ``loading``); an
     evicted runner's caches are released (``JobRunner.release``), as at the end of each chunk.
 
-    ``build`` makes a job's runner: ``JobRunner.build`` in production; tests swap in a stand-in
-    (a fixture in-process; ``tests/doubles/scripted_worker.py`` in a test worker process)."""
+    ``build`` makes a job's runner: ``JobRunner.build`` in production (``genjob.worker.chunks.PROCESS``);
+    tests swap in a stand-in of the same ``Runner`` members (a fixture in-process;
+    ``tests/doubles/scripted_worker.py`` in a test worker process)."""
 
-    def __init__(self, build: Callable[..., Any], size: int = MAX_CACHED_RUNNERS) -> None:
+    def __init__(self, build: Callable[..., Runner], size: int = MAX_CACHED_RUNNERS) -> None:
         self.build = build
-        self._runners: OrderedDict[str, Any] = OrderedDict()
+        self._runners: OrderedDict[str, Runner] = OrderedDict()
         self._size = size
         self._lock = Lock()
 
-    def get(self, job_id: str, spec: JobSpec, *, settings: Settings) -> JobRunner:
+    def get(self, job_id: str, spec: JobSpec, *, settings: Settings) -> Runner:
         with self._lock:
             runner = self._runners.get(job_id)
             if runner is None:
                 started = time.perf_counter()
                 runner = self.build(spec, settings=settings)
-                note_runner_built(spec, time.perf_counter() - started, getattr(runner, "setup_extra_s", 0.0))
+                note_runner_built(spec, time.perf_counter() - started, runner.setup_extra_s)
                 self._runners[job_id] = runner
                 while len(self._runners) > self._size:
                     _, evicted = self._runners.popitem(last=False)
@@ -273,11 +270,8 @@ class RunnerCache:
             return runner
 
 
-RUNNERS = RunnerCache(JobRunner.build)
-
-
 def result_row(
-    runner: JobRunner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
+    runner: Runner, done: Finished, worker: str, lossless: bool | None, stop: list[str] | None = None
 ) -> dict[str, Any]:
     """An item's result row (``genjob.store.finish_items``): a value for each of ``RESULT_FIELDS``, the
     row's stats under their own names (``RowStats`` is named as the result's columns), its text cut at

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 from celery.signals import worker_process_init
 
 from genjob.constants import TASK_GENERATE_CHUNK
 from genjob.db import RETRYABLE_DB_ERRORS
+from genjob.store import ChunkRef
+
+if TYPE_CHECKING:
+    from genjob.worker.chunk_context import ChunkOutcome
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +51,17 @@ class ChunkNotClean(Exception):
         self.result = result
 
 
-def chunk_result(outcome: Any) -> dict[str, Any]:
+def chunk_result(outcome: ChunkOutcome) -> dict[str, Any]:
     """The task's result, as Flower shows it: the chunk's kind first, then its counts."""
     kind = "stopped" if outcome.stopped else "WITH FAILURES" if outcome.failed else "clean"
     return {"chunk": kind, "done": outcome.done, "failed": outcome.failed, "skipped": outcome.skipped}
+
+
+def chunk_of_message(job_id: str, items: int | list[int], stop: int | None) -> ChunkRef:
+    """The chunk a message names: ``(job id, start, stop)``, or the old format's ``(job id, [item ids])``."""
+    if isinstance(items, list):
+        return ChunkRef(job_id, item_ids=tuple(int(item_id) for item_id in items))
+    return ChunkRef(job_id, seq_range=(int(items), int(stop if stop is not None else items + 1)))
 
 
 def register_tasks(app: Celery) -> None:
@@ -63,9 +74,9 @@ def register_tasks(app: Celery) -> None:
 
     @worker_process_init.connect(weak=False)
     def _watch_progress(**_kwargs) -> None:
-        from genjob.worker.leasing import RENEWER
+        from genjob.worker.chunks import PROCESS
 
-        RENEWER.end_when_stalled = True  # a pool process that stalls is killed: Celery replaces it
+        PROCESS.renewer.end_when_stalled = True  # a pool process that stalls is killed: Celery replaces it
 
     @worker_process_init.connect(weak=False)
     def _take_device(**_kwargs) -> None:
@@ -85,20 +96,18 @@ def register_tasks(app: Celery) -> None:
     # throws: ChunkNotClean is how a chunk with failures ends, not a crash (INFO, no traceback).
     @app.task(name=TASK_GENERATE_CHUNK, bind=True, shared=False, throws=(ChunkNotClean,))
     def generate_chunk(self: Task, job_id: str, items: int | list[int], stop: int | None = None) -> dict:
-        """Generate the items [``items``, ``stop``) of job ``job_id`` (or the item ids ``items``)."""
-        from genjob.worker.chunks import WorkerFault, process_chunk  # torch loads in the worker only
+        """Generate the items [``items``, ``stop``) of job ``job_id`` (or the item ids ``items``):
+        ``ChunkRun`` does it all; this maps how it ends to Celery's (a retry, a failure, an exit)."""
+        from genjob.worker.chunks import ChunkRun, WorkerFault  # torch loads in the worker only
         from genjob.worker.leasing import worker_name
         from genjob.worker.stopping import catch_sigterm_in_pool
 
         worker = self.request.hostname or worker_name()
         if not self.request.is_eager:
             catch_sigterm_in_pool()
-        if isinstance(items, list):  # the old format: (job id, [item ids])
-            chunk: dict[str, Any] = {"item_ids": [int(item_id) for item_id in items]}
-        else:
-            chunk = {"seq_range": (int(items), int(stop if stop is not None else items + 1))}
+        chunk = chunk_of_message(job_id, items, stop)
         try:
-            outcome = process_chunk(settings=self.app.genjob_settings, job_id=job_id, worker=worker, **chunk)
+            outcome = ChunkRun(self.app.genjob_settings, chunk, worker=worker).run()
         except RETRYABLE_DB_ERRORS as exc:
             # The database stayed away longer than db_retry_s. Acking would lose the chunk's
             # unreserved items, so queue the chunk again, later (backoff, no limit).

@@ -27,9 +27,10 @@ item that failed, was cancelled or has not run yet.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -70,6 +71,15 @@ ALLOWED_FIELDS = {
 }
 
 
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+NotBlank = Annotated[StrictStr, AfterValidator(_not_blank)]  # a string with more than white space
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -98,7 +108,7 @@ class RequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None  # accepted and ignored: the job's model decides
-    prompt: StrictStr | None = Field(default=None, min_length=1)
+    prompt: NotBlank | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
@@ -128,13 +138,6 @@ class RequestBody(BaseModel):
             return None
         return LineSampling(self.temperature, self.top_p, self.seed, stop)
 
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("must not be blank")
-        return value
-
     @model_validator(mode="after")
     def _one_input(self) -> Self:
         if (self.prompt is None) == (self.messages is None):
@@ -153,17 +156,10 @@ class RequestBody(BaseModel):
 class RequestLine(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    custom_id: StrictStr | None = Field(default=None, min_length=1, max_length=200)
+    custom_id: NotBlank | None = Field(default=None, min_length=1, max_length=200)
     method: Literal["POST"] | None = None
     url: OpenAIEndpoint | None = None
     body: RequestBody
-
-    @field_validator("custom_id")
-    @classmethod
-    def _not_blank(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("must not be blank")
-        return value
 
     @model_validator(mode="after")
     def _url_matches_body(self) -> Self:

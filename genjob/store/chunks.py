@@ -6,13 +6,14 @@ next (``write_and_claim``), and closes it (its last group, the items it let go, 
 ``PostgresChunkStore`` in one autocommit statement each (``postgres_chunk_ends``,
 ``postgres_groups``): one round trip per group, no BEGIN or COMMIT, the last group written with the
 close. The caller never looks at the URL; it asks ``keeps_last_group`` whether the close writes the
-last group. Must not know: Celery, torch, the HTTP API or the CLI.
+last group. The close hands back the job's sums as it left them (``ClosedChunk``); what the worker
+derives from them (its expected speedup, say) it writes with ``record_derived``, unless a later chunk's
+sums came meanwhile. Must not know: Celery, torch, the HTTP API or the CLI.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,15 +28,12 @@ from genjob.store import leases
 from genjob.store.claims import ClaimedItem, Refused
 from genjob.store.items import write_and_claim
 from genjob.store.jobs import ChunkMeasurements, expire_due_jobs, finalize_job, mark_job_running, record_chunk
-from genjob.store.postgres_chunk_ends import close_chunk, open_chunk, record_derived
+from genjob.store.postgres_chunk_ends import JOB_COLUMNS, ClosedChunk, close_chunk, open_chunk, record_derived
 from genjob.store.postgres_groups import finish_and_claim
 from genjob.tables import Job
 
 Rows = list[tuple[ClaimedItem, dict[str, Any]]]  # finished items and their result rows
 Claimed = list[ClaimedItem] | Refused
-# From the job's row after a chunk's sums were added: what the worker derives from them (its
-# expected speedup, say), written to the job; None: nothing.
-Derive = Callable[[Any], dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -100,19 +98,18 @@ def _close_chunk(
     let_go: list[int],
     holder: str,
     measured: ChunkMeasurements | None,
-    derive: Derive | None,
     interrupted: bool,
-) -> None:
+) -> ClosedChunk | None:
     if let_go and interrupted:  # a graceful stop: the leases end now, for a sweeper to queue them again
         leases.end_leases(session, item_ids=let_go, worker=holder)
     elif let_go:  # the chunk stopped early (its job ended): nobody will run them
         leases.release_reservations(session, item_ids=let_go, worker=holder)
-    if measured is not None:
-        job = record_chunk(session, job_id=job_id, measured=measured)
-        derived = derive(job) if job is not None and derive is not None else None
-        for name, value in (derived or {}).items():
-            setattr(job, name, value)
+    job = record_chunk(session, job_id=job_id, measured=measured) if measured is not None else None
+    closed = None
+    if job is not None:  # the job's sums as this chunk left them
+        closed = ClosedChunk(finished=set(), **{name: getattr(job, name) for name in JOB_COLUMNS})
     finalize_job(session, job_id=job_id)
+    return closed
 
 
 class ChunkStore:
@@ -159,23 +156,27 @@ class ChunkStore:
         let_go: list[int],
         finished: Rows | None = None,
         measured: ChunkMeasurements | None = None,
-        derive: Derive | None = None,
         interrupted: bool = False,
-    ) -> set[int]:
+    ) -> ClosedChunk | None:
         """Write the last ``finished`` items (``keeps_last_group`` only), let go of those it did not run
-        (their leases ended now if ``interrupted``), add ``measured`` to the job and write what
-        ``derive`` makes of its new sums, end the job if it is over. Returns the ids written done."""
+        (their leases ended now if ``interrupted``), add ``measured`` to the job, end the job if it is
+        over. Returns the ids written done and the job's new sums; None: no job, or (here) nothing
+        measured, so nothing written done and nothing to derive."""
         assert not finished, "write the last group before the close (keeps_last_group is False)"
-        self.tx(
+        closed: ClosedChunk | None = self.tx(
             _close_chunk,
             job_id=self.job_id,
             let_go=let_go,
             holder=self.holder,
             measured=measured,
-            derive=derive,
             interrupted=interrupted,
         )
-        return set()
+        return closed
+
+    def record_derived(self, closed: ClosedChunk, values: dict[str, Any]) -> None:
+        """Write ``values`` derived from the job's sums as ``closed`` left them, unless another chunk
+        was recorded since (it derives from the newer sums)."""
+        self.tx(record_derived, job_id=self.job_id, seen=closed, values=values)
 
 
 class PostgresChunkStore(ChunkStore):
@@ -223,11 +224,9 @@ class PostgresChunkStore(ChunkStore):
         let_go: list[int],
         finished: Rows | None = None,
         measured: ChunkMeasurements | None = None,
-        derive: Derive | None = None,
         interrupted: bool = False,
-    ) -> set[int]:
-        """One statement (``close_chunk``), one more to write what ``derive`` makes of the job's new
-        sums, and ``finalize_job`` only when the job's counters add up."""
+    ) -> ClosedChunk | None:
+        """One statement (``close_chunk``), and ``finalize_job`` only when the job's counters add up."""
         closed = self.statement(
             close_chunk,
             job_id=self.job_id,
@@ -237,14 +236,12 @@ class PostgresChunkStore(ChunkStore):
             interrupted=interrupted,
             measured=measured,
         )
-        if closed is None:
-            return set()
-        if closed.may_have_ended:
+        if closed is not None and closed.may_have_ended:
             self.tx(finalize_job, job_id=self.job_id)
-        derived = derive(closed) if measured is not None and derive is not None else None
-        if derived is not None:
-            self.statement(record_derived, job_id=self.job_id, seen=closed, values=derived)
-        return closed.finished
+        return closed
+
+    def record_derived(self, closed: ClosedChunk, values: dict[str, Any]) -> None:
+        self.statement(record_derived, job_id=self.job_id, seen=closed, values=values)
 
 
 def chunk_store(

@@ -20,9 +20,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, bindparam, text, update
+from sqlalchemy import Connection, CursorResult, bindparam, text, update
+from sqlalchemy.orm import Session
 
 from genjob.constants import TERMINAL_JOB_STATUSES
 from genjob.store.jobs import HISTOGRAMS, SUMS, ChunkMeasurements
@@ -160,7 +161,7 @@ class ClosedChunk:
         return self.status not in TERMINAL_JOB_STATUSES and self.done + self.failed >= self.total
 
 
-_JOB_COLUMNS = tuple(name for name in ClosedChunk.__dataclass_fields__ if name != "finished")
+JOB_COLUMNS = tuple(name for name in ClosedChunk.__dataclass_fields__ if name != "finished")
 # The job's row is read from the UPDATE (the newest version, under its lock, with every finish that
 # committed before), or as the statement found it when nothing changed it.
 CLOSE = text(
@@ -176,11 +177,11 @@ CLOSE = text(
         {_MERGE_HISTOGRAMS},
         last_draft_tokens = coalesce(:last_draft_tokens, jobs.last_draft_tokens)
     FROM summed WHERE jobs.id = :job_id AND (:measured OR summed.n > 0)
-    RETURNING {", ".join(f"jobs.{name}" for name in _JOB_COLUMNS)}
+    RETURNING {", ".join(f"jobs.{name}" for name in JOB_COLUMNS)}
 )
 SELECT (SELECT coalesce(json_agg(id), '[]') FROM moved) AS finished, job_row.*
 FROM (SELECT * FROM job
-      UNION ALL SELECT {", ".join(_JOB_COLUMNS)} FROM jobs WHERE id = :job_id AND NOT EXISTS (SELECT FROM job)
+      UNION ALL SELECT {", ".join(JOB_COLUMNS)} FROM jobs WHERE id = :job_id AND NOT EXISTS (SELECT FROM job)
 ) AS job_row
 """
 )
@@ -221,11 +222,14 @@ def close_chunk(
     return ClosedChunk(**{**values, "finished": set(values["finished"])})
 
 
-def record_derived(connection: Connection, *, job_id: str, seen: ClosedChunk, values: dict[str, Any]) -> bool:
-    """Write what was derived from the job's sums as ``close_chunk`` left them (its expected speedup,
+def record_derived(
+    connection: Connection | Session, *, job_id: str, seen: ClosedChunk, values: dict[str, Any]
+) -> bool:
+    """Write what was derived from the job's sums as a chunk's close left them (its expected speedup,
     cost ratio, costs), unless another chunk was recorded since (its ``busy_seconds`` grew): that
-    chunk derives from the newer sums, so the last write is the newest, as under the row lock."""
+    chunk derives from the newer sums, so the last write is the newest, as under the row lock. Alone
+    (Postgres) or in a transaction (any database)."""
     written = connection.execute(
         update(Job).where(Job.id == job_id, Job.busy_seconds == seen.busy_seconds).values(**values)
     )
-    return bool(written.rowcount)
+    return bool(cast("CursorResult[Any]", written).rowcount)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Select, or_, select, update
 from sqlalchemy.orm import Session
 
 from genjob.constants import TERMINAL_JOB_STATUSES, ItemStatus
@@ -49,25 +49,24 @@ def pending_ranges(
     session: Session, *, job_id: str, chunk_size: int, unleased_at: datetime | None = None
 ) -> Iterator[tuple[int, int]]:
     """The job's pending items as ``[start, stop)`` ranges of ``seq``, each spanning at most
-    ``chunk_size`` positions (so at most that many items), in input order; read a page at a time.
-    With ``unleased_at``, items reserved by a worker whose lease is still live then are left out."""
+    ``chunk_size`` positions (so at most that many items), in input order (``seq_runs``); read a
+    page at a time. With ``unleased_at``, items reserved by a worker whose lease is still live then
+    are left out."""
     query = select(Item.seq).where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
     if unleased_at is not None:
         query = query.where(lease_is_free(unleased_at))
-    last_seq, start, stop = -1, -1, -1
+    return seq_runs(_paged_seqs(session, query), chunk_size)
+
+
+def _paged_seqs(session: Session, query: Select[int]) -> Iterator[int]:
+    """The ``seq`` values ``query`` selects, in order, read ``PAGE_SIZE`` at a time."""
+    last_seq = -1
     while True:
         page = session.scalars(query.where(Item.seq > last_seq).order_by(Item.seq).limit(PAGE_SIZE)).all()
-        for seq in page:
-            if start < 0:
-                start = seq
-            elif seq >= start + chunk_size:
-                yield start, stop
-                start = seq
-            stop, last_seq = seq + 1, seq
+        yield from page
         if len(page) < PAGE_SIZE:
-            break
-    if start >= 0:
-        yield start, stop
+            return
+        last_seq = page[-1]
 
 
 def seq_ranges(start: int, stop: int, chunk_size: int) -> Iterator[tuple[int, int]]:

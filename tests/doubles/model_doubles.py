@@ -1,4 +1,5 @@
-"""A stand-in for the models (``RUNNERS.build = scripted_runner``, see scripted_worker.py): the rest is real.
+"""A stand-in for the models (``PROCESS.runners.build = scripted_runner``, see scripted_worker.py): the
+rest is real.
 
 Its "engine" echoes the prompt and obeys directives written in it, so one worker serves many tests
 and each item decides its own behaviour:
@@ -161,11 +162,12 @@ class ScriptedEngine:
 
 @dataclass
 class ScriptedRunner:
-    """The interface of genjob.worker.runners.JobRunner that the item loop uses."""
+    """A ``genjob.worker.chunk_context.Runner``, as ``genjob.worker.runners.JobRunner`` is one."""
 
     spec: JobSpec
     engine: ScriptedEngine
     batch_size: int = 1
+    setup_extra_s: float = 0.0  # nothing measured
 
     def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request:
         self.engine.prompts[item.id] = item.prompt
@@ -183,6 +185,12 @@ class ScriptedRunner:
 
     def text(self, tokens: list[int]) -> str:
         return f"echo: {self.engine.prompts[tokens[0]]}"
+
+    def take_setup_extra(self) -> float:
+        return 0.0
+
+    def keep_costs(self) -> None:  # no costs learnt
+        pass
 
 
 class WarmUpOutOfMemory(RuntimeError):

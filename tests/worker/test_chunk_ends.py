@@ -18,7 +18,7 @@ from genjob.db import get_engine, run_statement, run_transaction, session_scope
 from genjob.settings import Settings
 from genjob.store import chunks as chunk_stores
 from genjob.tables import Attempt, Item, Job, utcnow
-from genjob.worker import chunks, leasing
+from genjob.worker import chunks
 from tests.support.jobs import job_row
 from tests.support.store import RESULT, new_job
 from tests.support.waiting import wait_for
@@ -223,11 +223,16 @@ def test_the_close_whose_counters_add_up_ends_the_job(pg_url: str) -> None:
     )
     chunk = store.chunk_store(pg_url, job_id=job_id, holder="w/1", lease_s=30, max_attempts=3, retry_s=0)
     assert chunk.keeps_last_group
-    done = chunk.close(let_go=[], finished=[(claimed[0], RESULT)])
-    assert done == {mine[0]} and job_row(pg_url, job_id).status == "running"
-    done = chunk.close(let_go=[], finished=[(claimed[1], RESULT)])
+    closed = chunk.close(let_go=[], finished=[(claimed[0], RESULT)])
+    assert closed is not None and closed.finished == {mine[0]} and job_row(pg_url, job_id).status == "running"
+    closed = chunk.close(let_go=[], finished=[(claimed[1], RESULT)])
     job = job_row(pg_url, job_id)
-    assert done == {mine[1]} and job.status == "completed" and job.finished_at is not None
+    assert (
+        closed is not None
+        and closed.finished == {mine[1]}
+        and job.status == "completed"
+        and job.finished_at is not None
+    )
 
 
 def test_what_is_derived_is_written_only_from_the_newest_sums(pg_url: str) -> None:
@@ -312,8 +317,8 @@ def test_one_thread_renews_every_chunk_of_a_process_and_none_after_its_stop(pg_u
     before = leases()
     threads = threading.active_count()
     with (
-        leasing.RENEWER.holding(settings, item_ids=ids[:2], holder="w/1"),
-        leasing.RENEWER.holding(settings, item_ids=ids[2:], holder="w/1") as second,
+        chunks.PROCESS.renewer.holding(settings, item_ids=ids[:2], holder="w/1"),
+        chunks.PROCESS.renewer.holding(settings, item_ids=ids[2:], holder="w/1") as second,
     ):
         assert threading.active_count() <= threads + 1
         wait_for(lambda: all(leases()[i] > before[i] for i in ids), timeout=10, what="both chunks renewed")

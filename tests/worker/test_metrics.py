@@ -15,6 +15,7 @@ from genjob.generation.engine_stats import EngineStats
 from genjob.generation.requests import Finished, RowStats
 from genjob.options import JobSpec
 from genjob.worker import metrics
+from genjob.worker.chunk_context import ChunkOutcome
 from genjob.worker.runners import RunnerCache
 
 
@@ -47,15 +48,6 @@ class Engine:
         return [*finished, Finished(key=-1, token_ids=[1], stats=RowStats(wall_s=9.0))]  # a lossless twin
 
 
-@dataclass
-class Outcome:
-    done: int = 0
-    failed: int = 0
-    retried: int = 0
-    skipped: int = 0
-    stopped: bool = False
-
-
 @pytest.fixture
 def catalog(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     names = {"/srv/models/qwen-7b": "qwen"}
@@ -65,7 +57,7 @@ def catalog(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 def test_a_chunk_is_metered_as_a_dashboard_graphs_it(catalog: dict[str, str]) -> None:
     labels = {"model": "qwen", "queue": "q-meter", "mode": "draft", "worker": "w-meter"}
-    engine, outcome = Engine(), Outcome()
+    engine, outcome = Engine(), ChunkOutcome()
     with metrics.metered(
         engine, outcome, model="/srv/models/qwen-7b", queue="q-meter", mode="draft", worker="w-meter"
     ):
@@ -140,7 +132,7 @@ def test_building_a_runner_is_timed_once_per_job(catalog: dict[str, str]) -> Non
 
 def test_a_faulted_chunk_and_failed_items_are_counted_by_model(catalog: dict[str, str]) -> None:
     labels = {"model": "qwen", "queue": "q-fault", "mode": "draft", "worker": "w-fault"}
-    engine, outcome = Engine(), Outcome()
+    engine, outcome = Engine(), ChunkOutcome()
     with (
         pytest.raises(RuntimeError),
         metrics.metered(

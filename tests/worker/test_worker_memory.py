@@ -18,7 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from genjob.generation.engine import Engine
 from genjob.options import JobSpec
 from genjob.settings import Settings
-from genjob.worker.runners import RUNNERS, RunnerCache
+from genjob.worker.chunks import PROCESS
+from genjob.worker.runners import RunnerCache
 from tests.support.models import build_tokenizer, corpus_lines
 from tests.support.processes import COST_CACHE_DIR
 from tests.support.prompts import write_jsonl
@@ -122,7 +123,7 @@ def test_a_chunk_gives_its_caches_back_and_its_batch_grows_back(
     spec = draft_spec(tiny_pair, batch_size=4).model_copy(update={"max_new_tokens": 12, "draft_tokens": 8})
     job, rows = run_job(Settings(database_url=pg_url), path, spec)
     assert job.status == "completed" and all(row["status"] == "done" for row in rows)
-    runner = RUNNERS.get(job.id, spec, settings=Settings(database_url=pg_url))
+    runner = PROCESS.runners.get(job.id, spec, settings=Settings(database_url=pg_url))
     engine = runner.engine
     assert batches[2] == 4 and batches[3] == 2 and 4 in batches[4:]  # halved, then back at its size
     assert runner.batch_size == 4 and engine.row_limit == 4
@@ -133,6 +134,8 @@ def test_an_evicted_runner_gives_its_caches_back() -> None:
     released: list[str] = []
 
     class Runner:
+        setup_extra_s = 0.0
+
         def __init__(self, name: str) -> None:
             self.name = name
 
