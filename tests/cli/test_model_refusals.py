@@ -49,7 +49,10 @@ def test_submit_refuses_a_local_alibi_model_before_storing_anything(
 
 
 def test_a_worker_fails_the_job_of_a_model_it_cannot_decode(
-    embedded_env: str, tiny_pair: tuple[Path, Path], hub_cache: Path, tmp_path: Path,
+    embedded_env: str,
+    tiny_pair: tuple[Path, Path],
+    hub_cache: Path,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # this machine has no hub: read the suite's cache only
