@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from genjob.generation.forward import cache_shapes, forward_rows, to_device
 from genjob.generation.proposers import BatchView, Proposal
 from genjob.generation.requests import Row
-from genjob.generation.sampling import draft_tokens
+from genjob.generation.sampling import sample_draft_token
 from genjob.generation.slot_cache import SlotCache
 
 
@@ -62,7 +62,7 @@ class DraftModel:
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for j in range(k):
-            token, q = draft_tokens(logits, view.sampling, view.positions + j)
+            token, q = sample_draft_token(logits, view.sampling, view.positions + j)
             tokens.append(token)
             if q is not None:
                 probs.append(q)
