@@ -120,7 +120,7 @@ def decode(proposer: Proposer, job: Job, b: int, rounds: int, k: int) -> tuple[f
                 accepted += 1
             row.tokens += output[done : done + accepted + 1]
             gained += accepted + 1
-        proposer.advance(rows, [], [], kk)
+        proposer.advance(rows, [], [], kk, [])
         for slot, row in enumerate(rows):
             if row.remaining <= 0:
                 if isinstance(proposer, SuffixLookup):

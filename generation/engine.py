@@ -3,10 +3,12 @@ sampled, rows joining as others leave (continuous batching). Token ids in, token
 
 A round, for the B rows in the batch (gpt-fast's ``speculative_decode``, batched):
   1. choose k (``choose_draft_length``: the most expected tokens per second from the costs at this B
-     and each row's acceptance, in mode auto with its proposer, ``ProposerMix.row_acceptance``; 0 = plain);
-  2. the proposer guesses up to k tokens per row (none when k = 0);
+     and each row's acceptance, in mode auto with its proposer, ``Proposer.row_acceptance``; 0 = plain);
+  2. the proposer guesses up to k tokens per row (none when k = 0); each row's cap (its room before
+     max_new_tokens, its draft_limit) is decided here once: the drafts verified are min(k, count, cap);
   3. the target verifies [pending, d_1..d_k] of every row in one forward, (B, k+1) → logits;
-  4. ``verify_drafts`` keeps a_r drafts and one target token per row (the round's one host sync);
+  4. ``verify_drafts`` keeps a_r drafts and one target token per row (the round's one host sync); the
+     proposer advances with them and with each row's capped drafts (``Proposer.advance``);
   5. rows that hit an EOS id, a stop sequence or max_new_tokens leave; queued requests are prefilled
      together (ragged, right-padded) into the freed slots at the next step.
 Every ``probe_every``-th round decodes plainly (k = 0): those rounds time plain decoding at the same
@@ -76,8 +78,7 @@ class Engine:
         self.fixed_k = fixed_k if proposer is not None else 0
         self.max_rows, self.probe_every = max_rows, probe_every if proposer is not None else 0
         if costs is None and proposer is not None:
-            draft_model = getattr(proposer, "model", None)
-            costs = measure_grid(target, draft_model, max_batch=max_rows, max_query=self.k_max + 1)
+            costs = measure_grid(target, proposer.model, max_batch=max_rows, max_query=self.k_max + 1)
         self.costs = costs
         self.cache = SlotCache(cache_shapes(target), dtype=target.dtype, device=target.device)
         self.room = BatchRoom(kv_budget_bytes)
@@ -171,8 +172,8 @@ class Engine:
         return len(request.input_ids) + request.max_new_tokens + self.k_max + 1
 
     def _bytes_per_token(self) -> int:
-        draft = getattr(self.proposer, "cache", None)
-        return self.cache.bytes_per_token() + (draft.bytes_per_token() if isinstance(draft, SlotCache) else 0)
+        draft = self.proposer.cache if self.proposer is not None else None
+        return self.cache.bytes_per_token() + (draft.bytes_per_token() if draft is not None else 0)
 
     def _admissible(self) -> Admission:
         """The waiting rows to admit now: up to the row limit, within the K/V budget."""
@@ -261,11 +262,8 @@ class Engine:
             return 0, False
         assert self.costs is not None  # an engine with a proposer has them
         estimates = acceptance_estimates(self.rows, self.stats)
-        own = getattr(self.proposer, "row_acceptance", None)  # mode auto: the chosen proposer's rate
-        if own is not None:
-            estimates = [
-                mine if mine is not None else e for e, mine in zip(estimates, own(self.rows), strict=True)
-            ]
+        own = self.proposer.row_acceptance(self.rows)  # mode auto: the chosen proposer's rate
+        estimates = [mine if mine is not None else e for e, mine in zip(estimates, own, strict=True)]
         self.k = choose_draft_length(
             self.costs, estimates, room, k_max=self.k_max, current=self.k, context=cached
         )
@@ -312,7 +310,7 @@ class Engine:
         ).tolist()
         accepted = [line[0] for line in host]
         if self.proposer is not None:
-            self.proposer.advance(rows, old_lengths, accepted, k)
+            self.proposer.advance(rows, old_lengths, accepted, k, limits)
         seconds = time.perf_counter() - started
         new_tokens = round_accepted = round_rejections = check_tokens = 0
         for row, line, limit in zip(rows, host, limits, strict=True):

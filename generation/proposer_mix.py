@@ -16,21 +16,30 @@ over the batch and takes each row's tokens from its own (with a sampled proposer
 other rows' q is one-hot at their tokens, exactly what "not sampled" means to the acceptance rule).
 
 What each row drafted from is counted in its ``RowStats.by_proposer`` (a ``ProposerTally`` per
-proposer: rounds chosen, proposed, accepted, rejections), and the job-wide tallies in ``totals``.
-Must not know: the database, Celery, HTTP, the core (``genjob.proposer_tally`` is the floor below it).
+proposer: rounds chosen, proposed, accepted, rejections, a row's drafts being the engine's cap of them,
+``advance``'s ``drafted``), and the job-wide tallies in ``totals``. Each row's choice and evidence are
+the mix's own (``RowChoice``). Must not know: the database, Celery, HTTP, the core
+(``genjob.proposer_tally`` is the floor below it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from genjob.generation.engine_stats import PRIOR_WEIGHT as ROW_WEIGHT
 from genjob.generation.forward import to_device
-from genjob.generation.proposers import BatchView, Proposal, Proposer
+from genjob.generation.proposers import BatchView, Proposal, Proposer, RowState
 from genjob.generation.requests import Row
 from genjob.proposer_tally import ProposerTally
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from genjob.generation.slot_cache import SlotCache
 
 PRIOR_ALPHA = 0.5  # a proposer nobody has tried yet: as likely to be right as wrong
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind a proposer's job-wide rate
@@ -46,6 +55,15 @@ def expected_accepted(alpha: float, n: int) -> float:
     return sum(alpha**i for i in range(1, n + 1))
 
 
+@dataclass
+class RowChoice:
+    """The mix's state for one row: who drafts for it this round (None: nobody) and, per proposer, its
+    recent [accepted, refused] (fading by ``DECAY``)."""
+
+    proposer: str | None = None
+    evidence: dict[str, list[float]] = field(default_factory=dict)
+
+
 class ProposerMix:
     """A per-row choice among ``proposers`` (first = preferred on a tie: put the cheapest first)."""
 
@@ -56,24 +74,27 @@ class ProposerMix:
             raise ValueError("a mix needs at least one proposer")
         self.proposers = {proposer.name: proposer for proposer in proposers}
         self.totals = {name: ProposerTally() for name in self.proposers}
-        self._learners = [p for p in proposers if hasattr(p, "add_output")]  # the job's suffix cache
+        self.choices = RowState(RowChoice)
         self._ran: set[str] = set()  # who proposed this round (only they advance with its k)
-        self._limits: list[int] = []  # this round's proposals per row, as the engine will cap them
 
     @property
-    def model(self) -> object | None:
+    def model(self) -> PreTrainedModel | None:
         """The draft model among them, if any (the engine measures its costs)."""
-        return next((p.model for p in self.proposers.values() if hasattr(p, "model")), None)
+        return next((p.model for p in self.proposers.values() if p.model is not None), None)
 
     @property
-    def cache(self) -> object | None:
+    def cache(self) -> SlotCache | None:
         """The draft model's cache among them, if any (the engine's K/V budget counts it)."""
-        return next((p.cache for p in self.proposers.values() if hasattr(p, "cache")), None)
+        return next((p.cache for p in self.proposers.values() if p.cache is not None), None)
+
+    def chosen(self, row: Row) -> str | None:
+        """Who drafts for ``row`` this round (None: nobody), as ``available`` chose."""
+        return self.choices(row).proposer
 
     def add_output(self, tokens: Sequence[int]) -> None:
         """A finished row's new tokens, for the proposers that learn from the job's outputs."""
-        for learner in self._learners:
-            learner.add_output(tokens)
+        for proposer in self.proposers.values():
+            proposer.add_output(tokens)
 
     # --- slots: every proposer keeps its own state in step ----------------------------------------------
     def reserve(self, slots: int, capacity: int) -> None:
@@ -100,7 +121,7 @@ class ProposerMix:
         )
 
     def row_alpha(self, row: Row, name: str) -> float:
-        accepted, refused = row.evidence.get(name, (0.0, 0.0))
+        accepted, refused = self.choices(row).evidence.get(name, (0.0, 0.0))
         return (accepted + ROW_PRIOR * self.job_alpha(name)) / (accepted + refused + ROW_PRIOR)
 
     def row_acceptance(self, rows: list[Row]) -> list[float | None]:
@@ -112,18 +133,19 @@ class ProposerMix:
         uses the fading ``evidence``, quick to leave one that stops paying; the k, steadier, does not.)"""
         estimates: list[float | None] = []
         for row in rows:
-            if row.proposer is None:
+            chosen = self.chosen(row)
+            if chosen is None:
                 estimates.append(None)
                 continue
-            tally = row.stats.by_proposer.get(row.proposer, ProposerTally())
-            prior = self.job_alpha(row.proposer)
+            tally = row.stats.by_proposer.get(chosen, ProposerTally())
+            prior = self.job_alpha(chosen)
             estimates.append(
                 (tally.accepted + ROW_WEIGHT * prior) / (tally.accepted + tally.rejections + ROW_WEIGHT)
             )
         return estimates
 
     def available(self, rows: list[Row], k: int) -> list[int]:
-        """Choose each row's proposer (``Row.proposer``; None: no drafts) and say how many tokens it has."""
+        """Choose each row's proposer (``chosen``; None: no drafts) and say how many tokens it has."""
         offers = {name: proposer.available(rows, k) for name, proposer in self.proposers.items()}
         counts = []
         for r, row in enumerate(rows):
@@ -142,19 +164,20 @@ class ProposerMix:
                     worth = expected_accepted(self.job_alpha(other), offers[other][r])
                     if worth >= EXPLORE_SHARE * best_gain:  # it might pay here: see what this row makes of it
                         best, best_n = other, offers[other][r]
-            row.proposer = best
+            self.choices(row).proposer = best
             counts.append(best_n)
         return counts
 
     def propose(self, view: BatchView, k: int) -> Proposal:
         rows = view.rows
         b = len(rows)
-        chosen = {row.proposer for row in rows if row.proposer is not None}
+        choices = [self.chosen(row) for row in rows]
+        chosen = {name for name in choices if name is not None}
         self._ran = chosen
         tokens = view.pending.new_zeros(b, k)
         counts = [0] * b
         proposals = {name: self.proposers[name].propose(view, k) for name in chosen}
-        mine = {name: [r for r, row in enumerate(rows) if row.proposer == name] for name in chosen}
+        mine = {name: [r for r, choice in enumerate(choices) if choice == name] for name in chosen}
         # through pinned memory, non-blocking: a torch.tensor(..., device=) here waited for the queued drafts
         index = {name: to_device(slots, tokens.device) for name, slots in mine.items()}
         for name, proposal in proposals.items():
@@ -168,30 +191,30 @@ class ProposerMix:
             for name, proposal in proposals.items():
                 if proposal.probs is not None:
                     probs[index[name]] = proposal.probs[index[name]]
-        self._limits = [
-            min(
-                k, n, row.remaining - 1, row.request.draft_limit if row.request.draft_limit is not None else k
-            )
-            for n, row in zip(counts, rows, strict=True)
-        ]
         return Proposal(tokens=tokens, counts=counts, probs=probs)
 
-    def advance(self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int) -> None:
-        """Each proposer advances with the round's k if it proposed, else with 0 (it drafted nothing);
-        the chosen proposer's tallies, the row's and the job's, count what the row accepted."""
+    def advance(
+        self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int, drafted: list[int]
+    ) -> None:
+        """Each proposer advances with the round's k if it proposed, else with 0 (it drafted nothing),
+        given the drafts of the rows it drafted for (0 for the others); the chosen proposer's tallies,
+        the row's and the job's, count what the row was given (``drafted``, the engine's cap) and
+        accepted."""
+        choices = [self.choices(row) for row in rows]
         for name, proposer in self.proposers.items():
-            proposer.advance(rows, old_lengths, accepted, k if name in self._ran else 0)
+            own = [n if choice.proposer == name else 0 for n, choice in zip(drafted, choices, strict=True)]
+            proposer.advance(rows, old_lengths, accepted, k if name in self._ran else 0, own)
         if k and self._ran:
-            for row, a, limit in zip(rows, accepted, self._limits, strict=True):
-                if row.proposer is None or limit == 0:
+            for row, choice, a, limit in zip(rows, choices, accepted, drafted, strict=True):
+                if choice.proposer is None or limit == 0:
                     continue
                 refused = 1 if a < limit else 0
-                evidence = row.evidence.setdefault(row.proposer, [0.0, 0.0])
+                evidence = choice.evidence.setdefault(choice.proposer, [0.0, 0.0])
                 evidence[0] = evidence[0] * DECAY + a
                 evidence[1] = evidence[1] * DECAY + refused
                 for tally in (
-                    row.stats.by_proposer.setdefault(row.proposer, ProposerTally()),
-                    self.totals[row.proposer],
+                    row.stats.by_proposer.setdefault(choice.proposer, ProposerTally()),
+                    self.totals[choice.proposer],
                 ):
                     tally.count_round(proposed=limit, accepted=a, refused=bool(refused))
-        self._ran, self._limits = set(), []
+        self._ran = set()

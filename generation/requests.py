@@ -11,12 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from genjob.proposer_tally import ProposerTally
-
-if TYPE_CHECKING:
-    from genjob.generation.proposers import NgramIndex
 
 # Given a row's new tokens so far, how many to keep if a stop sequence now appears in them (None: go on).
 StopCheck = Callable[[list[int]], int | None]
@@ -84,9 +80,11 @@ class Finished:
     stats: RowStats
 
 
-@dataclass
+@dataclass(eq=False)
 class Row:
-    """A request being decoded: its tokens so far (the last one, ``tokens[-1]``, is in no cache yet)."""
+    """A request being decoded: its tokens so far (the last one, ``tokens[-1]``, is in no cache yet).
+    What the engine owns only: a proposer keeps its own state for the row, keyed by the row (compared
+    and hashed by identity, ``proposers.RowState``)."""
 
     request: Request
     stats: RowStats
@@ -94,10 +92,6 @@ class Row:
     admitted: float = 0.0
     successes: int = 0  # accepted drafts, for this row's acceptance estimate
     failures: int = 0  # rejections
-    draft_length: int = 0  # tokens in the draft model's cache (draft proposer)
-    ngrams: NgramIndex | None = None  # the row's n-gram index (prompt lookup)
-    proposer: str | None = None  # who drafts for it this round (mode auto: ``proposer_mix``)
-    evidence: dict[str, list[float]] = field(default_factory=dict)  # per proposer: recent [accepted, refused]
     finished: bool = False
 
     @property

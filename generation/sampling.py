@@ -170,7 +170,7 @@ def first_tokens(logits: torch.Tensor, sampling: RowSampling, positions: torch.T
     return torch.where(sampling.greedy, logits.argmax(-1), sampled)
 
 
-def draft_tokens(
+def sample_draft_token(
     logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A draft model's proposal at one position: logits (B, V) → (tokens (B,), q (B, V)).

@@ -18,10 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-import torch
-
 from genjob.generation.forward import to_device
-from genjob.generation.proposers import BatchView, NgramIndex, Proposal
+from genjob.generation.proposers import BatchView, ModelFree, NgramIndex, Proposal, RowState
 from genjob.generation.requests import Row
 
 # 10^5 cached tokens take ≈ 18 MiB as template-like outputs, ≈ 21 MiB as random tokens (tracemalloc,
@@ -288,12 +286,13 @@ def _merge(parent: _Node, key: int, node: _Node) -> None:
         parent.best = child
 
 
-class SuffixLookup:
+class SuffixLookup(ModelFree):
     """A ``Proposer``: per row, the better of two candidates, SuffixDecoding's way (the higher score,
     Σ of the per-token estimated probabilities, wins):
       - the row's own: what followed the latest earlier occurrence of its last n ≤ ``max_ngram`` tokens
-        in its prompt and output (prompt lookup, the row's ``NgramIndex``), the match measured back
-        from there (up to the cache's depth), its length by the same factor × match + offset rule.
+        in its prompt and output (prompt lookup, the row's ``NgramIndex``, kept here per row), the match
+        measured back from there (up to the cache's depth), its length by the same factor × match +
+        offset rule.
         Each token scores 1.0, as a per-row suffix tree would estimate for a pattern seen once;
       - the job's: ``SuffixCache.match`` over the job's finished outputs, scored by its estimates.
     Ties go to the job's (Arctic keeps its per-request tree's): its 1.0s rest on counts over the job,
@@ -312,7 +311,8 @@ class SuffixLookup:
         self.max_ngram = max_ngram
         self.host_seconds = self.add_seconds = 0.0
         self.calls = self.chosen_row = self.chosen_job = 0
-        self._round: dict[int, tuple[Row, int, int, Draft, Draft]] = {}  # (row, tokens, k, own, job's)
+        self.ngrams = RowState(lambda: NgramIndex(self.max_ngram))
+        self._round: dict[Row, tuple[int, int, Draft, Draft]] = {}  # this round's (tokens, k, own, job's)
 
     def add_output(self, tokens: Sequence[int]) -> None:
         """A finished row's new tokens, for the rows that follow (the job's cache)."""
@@ -322,9 +322,7 @@ class SuffixLookup:
 
     # --- the candidates ----------------------------------------------------------------------------------
     def _own(self, row: Row, context: list[int], k: int) -> Draft:
-        if row.ngrams is None:
-            row.ngrams = NgramIndex(self.max_ngram)
-        index = row.ngrams
+        index = self.ngrams(row)
         index.extend(context)
         end = len(context)
         for n in range(min(index.max_n, end), 0, -1):
@@ -343,13 +341,13 @@ class SuffixLookup:
         """Each row's (own, job's) candidates for up to k tokens, computed once a round."""
         out = []
         for row in rows:
-            known = self._round.get(id(row))
-            if known is not None and known[0] is row and known[1] == len(row.tokens) and known[2] >= k:
-                out.append((known[3], known[4]))
+            known = self._round.get(row)
+            if known is not None and known[0] == len(row.tokens) and known[1] >= k:
+                out.append((known[2], known[3]))
                 continue
             context = row.context
             own, job = self._own(row, context, k), self.job_cache.match(context, k)
-            self._round[id(row)] = (row, len(row.tokens), k, own, job)
+            self._round[row] = (len(row.tokens), k, own, job)
             out.append((own, job))
         return out
 
@@ -360,16 +358,8 @@ class SuffixLookup:
             return job.tokens[:k], True
         return own.tokens[:k], False
 
-    # --- the Proposer interface --------------------------------------------------------------------------
-    def reserve(self, slots: int, capacity: int) -> None:
-        pass
-
-    def admit(self, start: int, rows: list[Row], input_ids: torch.Tensor, lengths: torch.Tensor) -> None:
-        pass  # a row's prompt is indexed when it is first asked for a draft
-
-    def move(self, source: int, target: int, columns: int) -> None:
-        pass  # the state is kept by row, not by slot
-
+    # --- the Proposer interface (no cache to reserve, fill or move: a row's prompt is indexed when it is
+    # first asked for a draft, ``ModelFree``) -------------------------------------------------------------
     def available(self, rows: list[Row], k: int) -> list[int]:
         started = time.perf_counter()
         counts = [len(self._pick(own, job, k)[0]) for own, job in self._candidates(rows, k)]
@@ -391,7 +381,9 @@ class SuffixLookup:
         self.host_seconds += time.perf_counter() - started
         return Proposal(tokens=tokens, counts=[len(g) for g in guesses], probs=None)
 
-    def advance(self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int) -> None:
+    def advance(
+        self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int, drafted: list[int]
+    ) -> None:
         self._round.clear()
 
     def release(self) -> None:

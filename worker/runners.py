@@ -227,7 +227,7 @@ class JobRunner:
 
     def learn(self, done: Finished) -> None:
         """A row finished: its output joins the job's suffix cache (mode auto), for the rows after it."""
-        if isinstance(self.engine.proposer, ProposerMix):
+        if self.engine.proposer is not None:
             self.engine.proposer.add_output(done.token_ids)
 
     def is_lossless_sample(self, seq: int) -> bool:

@@ -14,7 +14,7 @@ from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposers import NgramIndex, PromptLookup
-from genjob.generation.requests import Request
+from genjob.generation.requests import Request, Row, RowStats
 from genjob.generation.stopping import cut_at_stop, stop_check
 from tests.support.engine import Reference, flat_costs, perturbed, request, syncs_in_one_round
 from tests.support.models import build_model, build_tokenizer
@@ -173,6 +173,21 @@ def test_the_ngram_index_finds_the_latest_earlier_occurrence() -> None:
     assert index.lookup(context, 2) == [7, 8]  # the latest earlier "1 2 3" was followed by 7 8
     assert index.lookup([*context, 5], 3) == []  # "5", "3 5", "2 3 5" never seen before
     assert NgramIndex(max_n=3).lookup([4, 4], 5) == [4]
+
+
+def test_a_proposers_state_for_a_row_is_its_own_and_goes_with_the_row() -> None:
+    """The n-gram index of a row lives in the proposer (the ``Row`` holds none), keyed by the row itself:
+    two rows with equal tokens have two indices, and a row's index is dropped once the row is gone."""
+    import gc
+
+    proposer = PromptLookup()
+    rows = [Row(request=Request(key=0, input_ids=[1, 2, 3, 1, 2], max_new_tokens=4), stats=RowStats())]
+    rows.append(copy.deepcopy(rows[0]))
+    assert proposer.available(rows, 2) == [2, 2]  # "1 2" was followed by 3 1
+    assert proposer.ngrams(rows[0]) is not proposer.ngrams(rows[1])
+    del rows[1]
+    gc.collect()
+    assert len(proposer.ngrams) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs are its matter")

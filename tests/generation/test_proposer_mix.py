@@ -14,7 +14,7 @@ from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.loading import load_model, load_tokenizer
 from genjob.generation.proposer_mix import ProposerMix
-from genjob.generation.proposers import BatchView, PromptLookup, Proposal
+from genjob.generation.proposers import BatchView, ModelFree, PromptLookup, Proposal
 from genjob.generation.requests import Request, Row, RowStats
 from genjob.generation.sampling import RowSampling
 from genjob.proposer_tally import ProposerTally
@@ -27,17 +27,11 @@ from tests.generation.test_sampling import (  # noqa: F401 (peaked_pair: a fixtu
 from tests.support.engine import Reference, flat_costs, request, syncs_in_one_round
 
 
-class Fixed:
+class Fixed(ModelFree):
     """A proposer that always offers ``tokens`` (to the rows ``offered_to`` accepts), never sampled."""
 
     def __init__(self, name: str, tokens: list[int], offered_to=lambda row: True) -> None:
         self.name, self.tokens, self.offered_to = name, tokens, offered_to
-
-    def reserve(self, slots: int, capacity: int) -> None: ...
-    def admit(self, start, rows, input_ids, lengths) -> None: ...
-    def move(self, source: int, target: int, columns: int) -> None: ...
-    def release(self) -> None: ...
-    def advance(self, rows, old_lengths, accepted, k) -> None: ...
 
     def available(self, rows: list[Row], k: int) -> list[int]:
         return [min(k, len(self.tokens)) if self.offered_to(row) else 0 for row in rows]
@@ -73,8 +67,10 @@ def one_round(mix: ProposerMix, rows: list[Row], k: int, accepted: list[int]) ->
         all_greedy=True, any_greedy=True, any_top_p=False,
     )  # fmt: skip
     view = BatchView(rows, torch.zeros(b, dtype=torch.long), sampling, torch.zeros(b, dtype=torch.long))
-    mix.propose(view, k)
-    mix.advance(rows, [3] * b, accepted, k)
+    proposal = mix.propose(view, k)
+    # the engine's cap of each row's drafts
+    drafted = [min(k, n, one.remaining - 1) for n, one in zip(proposal.counts, rows, strict=True)]
+    mix.advance(rows, [3] * b, accepted, k, drafted)
     for one in rows:
         one.stats.target_rounds += 1
 
@@ -83,18 +79,18 @@ def test_a_row_whose_proposer_stops_paying_moves_to_another_then_to_none() -> No
     mix = ProposerMix([Fixed("a", [5, 6, 7, 8]), Fixed("b", [5, 6])])
     rows = [row(0)]
     one_round(mix, rows, 4, [4])  # "a" pays
-    assert rows[0].proposer == "a"
+    assert mix.chosen(rows[0]) == "a"
     switched = None
     for n in range(1, 6):  # then "a" is refused every round
         one_round(mix, rows, 4, [0])
-        if mix.available(rows, 4) and rows[0].proposer == "b":
+        if mix.available(rows, 4) and mix.chosen(rows[0]) == "b":
             switched = n
             break
     assert switched is not None and switched <= 4, "moved to the other proposer within a few rounds"
     for _ in range(6):  # "b" is refused too
         one_round(mix, rows, 4, [0])
     mix.available(rows, 4)
-    assert rows[0].proposer is None  # no drafts for this row: its k is 0
+    assert mix.chosen(rows[0]) is None  # no drafts for this row: its k is 0
     tallies = rows[0].stats.by_proposer
     assert tallies["a"].rounds >= 2 and tallies["a"].accepted == 4 and tallies["b"].accepted == 0
     assert mix.totals["a"].accepted == 4
@@ -109,16 +105,16 @@ def test_the_draft_length_weighs_the_chosen_proposers_acceptance_not_the_rows_mi
     for _ in range(3):
         one_round(mix, rows, 4, [4])  # "a" is right every time
     mix.available(rows, 4)
-    assert rows[0].proposer == "a"
+    assert mix.chosen(rows[0]) == "a"
     assert mix.row_acceptance(rows)[0] > 0.9  # type: ignore[operator]
     one_round(mix, rows, 4, [0])  # one miss: the k stays (the row's life with "a"), the fading choice moves
     mix.available(rows, 4)
     steady = mix.row_acceptance(rows)[0]
-    assert rows[0].proposer == "a" and steady is not None and 0.85 < steady < 0.95
+    assert mix.chosen(rows[0]) == "a" and steady is not None and 0.85 < steady < 0.95
     assert mix.row_alpha(rows[0], "a") < steady - 0.04  # the fading one fell further
     offers["a"] = False  # this round only "b" has tokens: untried, its rate is the prior
     mix.available(rows, 4)
-    assert rows[0].proposer == "b" and mix.row_acceptance(rows) == [0.5]
+    assert mix.chosen(rows[0]) == "b" and mix.row_acceptance(rows) == [0.5]
     offers["b"] = False
     mix.available(rows, 4)
     assert mix.row_acceptance(rows) == [None]  # no drafts: the engine keeps its own estimate
@@ -129,11 +125,11 @@ def test_every_eighth_round_a_row_tries_another_proposer_unless_the_job_found_it
     rows = [row(0)]
     rows[0].stats.target_rounds = 8
     mix.available(rows, 4)
-    assert rows[0].proposer == "b"  # untried: it might pay
+    assert mix.chosen(rows[0]) == "b"  # untried: it might pay
     # the job's rows found "b" right 4 times in 44
     mix.totals["b"] = ProposerTally(rounds=40, proposed=160, accepted=4, rejections=40)
     mix.available(rows, 4)
-    assert rows[0].proposer == "a"
+    assert mix.chosen(rows[0]) == "a"
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +204,33 @@ def test_host_values_reach_the_device_through_to_device_in_the_round() -> None:
                 and any(keyword.arg == "device" for keyword in node.keywords)
             ):
                 found.append(f"{name}.py:{node.lineno}")
+    assert found == []
+
+
+def test_no_proposer_member_is_looked_up_by_name() -> None:
+    """The ``Proposer`` protocol holds every member the engine, the mix and the workers use: none is
+    asked for with ``getattr``/``hasattr`` (an optional member by name was the implicit contract)."""
+    import ast
+
+    import genjob.generation
+    import genjob.worker
+    from genjob.generation.proposers import Proposer
+
+    members = {name for name in vars(Proposer) if not name.startswith("_")} | set(Proposer.__annotations__)
+    assert {"model", "cache", "row_acceptance", "add_output", "advance"} <= members
+    found = []
+    for package in (genjob.generation, genjob.worker):
+        for path in sorted(Path(package.__file__).parent.glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr")
+                    and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in members
+                ):
+                    found.append(f"{path.name}:{node.lineno}")
     assert found == []
 
 

@@ -227,10 +227,10 @@ def test_the_proposer_takes_the_better_scored_candidate() -> None:
     assert proposal.tokens[4, :2].tolist() == [52, 53]
     assert (proposer.chosen_job, proposer.chosen_row, proposer.calls) == (3, 1, 1)
     assert proposer.host_seconds > 0
-    proposer.advance(rows, [0] * 5, [0] * 5, 3)
+    proposer.advance(rows, [0] * 5, [0] * 5, 3, [0] * 5)
     rows[1].tokens += [4, 5]  # the row moved on: its candidates are computed afresh
     assert proposer.propose(batch(rows[1:2]), 2).tokens.tolist() == [[6, 7]]
-    proposer.advance(rows, [0] * 5, [0] * 5, 2)
+    proposer.advance(rows, [0] * 5, [0] * 5, 2, [0] * 5)
     proposer.add_output([0, 1, 2, 3, 4, 5, 7, 8])  # a row finished: the job's cache learns its output
     proposer.add_output([3, 4, 5, 7, 8])
     assert proposer.add_seconds > 0 and job.sequences == 5
