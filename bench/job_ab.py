@@ -146,7 +146,8 @@ def main() -> int:
         scratch = str(args.keep) if args.keep else temporary
         Path(scratch).mkdir(parents=True, exist_ok=True)
         lines = [json.loads(line) for line in args.prompts.read_text(encoding="utf-8").splitlines()]
-        short = [{"prompt": line["prompt"]} for line in lines if len(line["prompt"]) < 600][: args.n]
+        short = [{"prompt": line["prompt"]} for line in lines if len(line["prompt"]) < 600]
+        short = (short * -(-args.n // len(short)))[: args.n]  # past the file's prompts, they repeat
         if args.task:
             short = task_prompts.chat_lines(
                 args.task, task_prompts.HELDOUT_PACKAGES, args.n, max_tokens=args.new
