@@ -140,8 +140,8 @@ class CostModel:
         return self._at_context(short, self.long.draft_seconds(batch), context)
 
     def predicted(self, batch: int, k: int, context: float | None = None) -> float:
-        """The model's seconds for a round: k draft steps and a verification of k+1 tokens per row, the
-        rows holding ``context`` cached tokens on average (the grid's own when None)."""
+        """The model's seconds for a round: k draft steps and a verification of k+1 tokens per row, every
+        row attending ``context`` cached tokens (the longest row's; the grid's own when None)."""
         return k * self.draft_seconds(batch, context) + self.verify_seconds(batch, k + 1, context)
 
     def round_seconds(self, batch: int, k: int, context: float | None = None) -> float:
@@ -158,7 +158,7 @@ class CostModel:
         return self.scale[min(self.scale, key=lambda seen: (abs(seen - k), seen))]
 
     def observe(self, batch: int, k: int, seconds: float, context: float | None = None) -> None:
-        """A live round of ``batch`` rows holding ``context`` cached tokens on average took ``seconds``:
+        """A live round of ``batch`` rows attending ``context`` cached tokens took ``seconds``:
         move k's scale towards measured ÷ predicted. The first round of all sets it; a k seen for the
         first time starts from its nearest neighbour's, so a single slow round moves it by only
         ``LIVE_UP`` of the gap."""
@@ -314,7 +314,7 @@ def choose_draft_length(
     most drafts row i can use: its proposals and its tokens left − 1); ``current`` unless another k
     is better by more than ``margin``. The margin guards only the way up: k = 0 (plain decoding) is
     taken as soon as it pays best, since a round spent drafting on a hunch is a loss nothing repays.
-    ``context``: the rows' mean cached length, which the round's costs are priced at."""
+    ``context``: the rows' longest cached length, which the round's costs are priced at."""
     batch = len(acceptance)
     k_max = min(k_max, max(room, default=0))  # drafts nobody can use would be verified for nothing
     best_k, best, at_current = 0, -1.0, -1.0

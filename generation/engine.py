@@ -249,8 +249,8 @@ class Engine:
         )
 
     def _choose_k(self, room: list[int], cached: float) -> tuple[int, bool]:
-        """(k for this round, whether it is a plain probe round); ``cached``: the rows' mean cached
-        length, which the costs are priced at."""
+        """(k for this round, whether it is a plain probe round); ``cached``: the rows' longest cached
+        length (every row attends that wide), which the costs are priced at."""
         self._round += 1
         if self.proposer is None or self.k_max == 0:
             return 0, False
@@ -285,7 +285,7 @@ class Engine:
         ]
         available = self.proposer.available(rows, self.k_max) if self.proposer is not None else [0] * b
         old_lengths = [len(row.context) - 1 for row in rows]
-        cached = sum(old_lengths) / b
+        cached = max(old_lengths)  # the forward's attention spans the longest row for every row
         k, probe = self._choose_k([min(a, c) for a, c in zip(available, caps, strict=True)], cached)
         pending = to_device([row.tokens[-1] for row in rows], device)
         positions = to_device([len(row.tokens) for row in rows], device)
