@@ -20,16 +20,17 @@ from genjob.generation.cost_timing import quick_prior
 from genjob.generation.draft_model import DraftModel
 from genjob.generation.engine import Engine
 from genjob.generation.forward import to_device
-from genjob.generation.proposers import BatchView, PromptLookup, Proposal
+from genjob.generation.proposers import BatchView, ModelFree, PromptLookup, Proposal
 from genjob.generation.requests import Row
 
 ALPHA, GAMMA = 0.8, 4  # the fixed-γ rows: per-token acceptance α, γ drafts a round
 
 
-class Oracle:
+class Oracle(ModelFree):
     """A fixed-γ proposer with a set acceptance: token j of a row's draft is the target's own greedy
     continuation (``reference``, precomputed) with probability ``rate``, else a wrong token. With
-    ``draft`` the draft model also runs its k steps (their cost), its tokens replaced by these."""
+    ``draft`` the draft model also runs its k steps (their cost), its tokens replaced by these; the
+    engine is not told of it (``model`` and ``cache`` None, as ``ModelFree``): its costs are the target's."""
 
     name = "oracle"
 
@@ -67,9 +68,11 @@ class Oracle:
         tokens = to_device(guesses, view.pending.device).reshape(len(view.rows), k)
         return Proposal(tokens=tokens, counts=[k] * len(view.rows), probs=None)
 
-    def advance(self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int) -> None:
+    def advance(
+        self, rows: list[Row], old_lengths: list[int], accepted: list[int], k: int, drafted: list[int]
+    ) -> None:
         if self.draft is not None:
-            self.draft.advance(rows, old_lengths, accepted, k)
+            self.draft.advance(rows, old_lengths, accepted, k, drafted)
 
     def release(self) -> None:
         if self.draft is not None:
