@@ -317,7 +317,9 @@ def render(frame: Frame, history: History, width: int = WIDE_OUTPUT, height: int
         parts.append(table(_worker_columns(frame, workers), width))
         if len(workers) < len(frame.workers):
             parts.append(Text(f"… {len(frame.workers) - len(workers)} more workers"))
-    queues = "  ".join(f"{queue}: {depth} waiting" for queue, depth in sorted(frame.queues.items()))
+    # The busiest first: a line cut at the terminal's width keeps the queues that hold messages.
+    busiest = sorted(frame.queues.items(), key=lambda item: (-item[1], item[0]))
+    queues = "  ".join(f"{queue}: {depth} waiting" for queue, depth in busiest)
     parts.append(caption(f"queues: {queues}" if queues else ""))
     return Group(*parts)
 

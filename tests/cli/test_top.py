@@ -89,6 +89,14 @@ def test_top_at_80_columns_keeps_the_columns_that_matter() -> None:
     ]
 
 
+def test_the_queues_line_puts_the_busiest_first_where_the_width_cuts_it() -> None:
+    frame = _frame()
+    frame.queues = {f"idle-{i:02d}": 0 for i in range(12)} | {"zz-busy": 2, "gpu": 4}
+    queues = _text(frame, 80)[-1]
+    assert queues.startswith("queues: gpu: 4 waiting  zz-busy: 2 waiting  idle-00: 0 waiting")
+    assert queues.endswith("…") and len(queues) <= 80
+
+
 def test_top_with_room_shows_the_sparklines() -> None:
     lines = _text(_frame(), 240)
     assert lines[1].split() == [
