@@ -3,8 +3,9 @@
 ``measure_grid`` (``genjob calibrate``, the benchmarks) times B = 1, 2, 4, … ≤ max_batch and q = 1, 2,
 3, 4, 6, 8, … ≤ max_query in several interleaved passes, each point's fastest; ``quick_prior`` times
 only the batch sizes a job needs (the one in use and B = 1) at a few q, twice each after a warm-up
-forward: a fraction of a second for a small model on a CPU, so a job decodes from its first round and
-the live scale (``CostModel.observe``) learns the rest. Both time dummy tokens at a short cache
+forward (at the long cache, q = 1 and the largest once each): a few seconds for a small model on a CPU
+at most, so a job decodes from its first round and the live scale (``CostModel.observe``) learns the
+rest. Both time dummy tokens at a short cache
 (``context``, 64 tokens) and again at a long one (``LONG_CONTEXT``, or what the model's context allows),
 so a round is priced at its rows' real cached length (``CostModel.long``: a verification's attention and
 the K/V it reads grow with it, a plain step's most, so pricing every round at 64 tokens made long drafts
@@ -67,10 +68,19 @@ def quick_prior(
     target: PreTrainedModel, draft: PreTrainedModel | None, *, batches: Sequence[int], max_query: int
 ) -> CostModel:
     """The cheap prior for ``batches`` (the job's and B = 1): q in ``PRIOR_QUERIES`` ≤ max_query and
-    max_query, the faster of two forwards each after a warm-up."""
+    max_query, the faster of two forwards each after a warm-up; at the long cache q = 1 and max_query
+    only, one forward each after a warm-up (the long grid says how a round grows with the cached length,
+    linear between its two points; timing it whole doubled what a cold worker's first job paid)."""
     queries = sorted({q for q in PRIOR_QUERIES if q <= max_query} | {max_query})
     return measure(
-        target, draft, batches=sorted(set(batches)), queries=queries, passes=1, repeats=2, drop_slow=False
+        target,
+        draft,
+        batches=sorted(set(batches)),
+        queries=queries,
+        passes=1,
+        repeats=2,
+        drop_slow=False,
+        long_queries=sorted({1, max_query}),
     )
 
 
@@ -85,16 +95,19 @@ def measure(
     context: int = SHORT_CONTEXT,
     drop_slow: bool = True,
     long: bool = True,
+    long_queries: Sequence[int] | None = None,
 ) -> CostModel:
     """Time ``queries`` at ``batches`` (ascending): a warm-up pass, then ``passes`` interleaved passes
     of ``repeats`` forwards per point, each point's fastest kept; with ``drop_slow``, larger batches
     are dropped once a forward takes over ``SLOW_FORWARD_S`` in the warm-up. With ``long``, the batches
-    kept are timed again at ``long_context`` cached tokens (``CostModel.long``)."""
+    kept are timed again at ``long_context`` cached tokens (``CostModel.long``): at ``long_queries``
+    (``queries`` when None), one forward per point and pass where those are given."""
     started = time.perf_counter()
     model = _measure_at(target, draft, batches, queries, passes, repeats, context, drop_slow)
     longest = long_context(target, draft, context, queries[-1]) if long else None
     if longest is not None:
-        model.long = _measure_at(target, draft, model.batch_sizes, queries, passes, repeats, longest, False)
+        at, times = (queries, repeats) if long_queries is None else (long_queries, 1)
+        model.long = _measure_at(target, draft, model.batch_sizes, at, passes, times, longest, False)
         model.steady = model.steady and model.long.steady
     model.measure_seconds = time.perf_counter() - started
     log.info("cost model: measured in %.2f s: %s", model.measure_seconds, model.as_dict())

@@ -78,7 +78,7 @@ class DecodingOptions(BaseModel):
         ge=0.0,
         le=1.0,
         description="Share of rounds decoded plainly to measure the speedup (probe rounds), and of "
-        "greedy items checked against plain decoding (the lossless rate).",
+        "greedy items checked against plain decoding (the lossless rate: the last of every 1/F items).",
     )
 
     @property

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from genjob.cli.errors import printable
+from genjob.constants import DecodingMode
 from genjob.stats import JobStats, job_stats, plain_rounds
 from genjob.tables import Job
 
@@ -100,6 +101,18 @@ def _measured(job: Job, stats: JobStats) -> str:
     )
 
 
+def _lossless(job: Job, stats: JobStats) -> str:
+    """The rate and its items; where a greedy speculative job checked none, why (1 item in 1/F is)."""
+    if job.lossless_checked:
+        return f"{stats.lossless_rate:.1%}  ({job.lossless_matches}/{job.lossless_checked} items)"
+    spec = job.spec or {}
+    fraction = float(spec.get("baseline_fraction") or 0.0)
+    every = round(1 / fraction) if fraction else 0
+    if job.mode == DecodingMode.NONE or spec.get("temperature") or not 0 < job.total < every:
+        return "-"
+    return f"-  (no item checked: 1 in {every} is, and the job has {job.total})"
+
+
 def _costs(job: Job) -> str:
     at = (job.costs or {}).get("at_batch")
     if not at:
@@ -150,8 +163,7 @@ def job_stats_lines(job: Job) -> list[str]:
         f"cost ratio c:            {fmt_float(job.cost_ratio)}",
         f"expected speedup:        {fmt_float(stats.expected_speedup, '{:.2f}x')}",
         f"measured speedup:        {_measured(job, stats)}",
-        f"lossless rate:           {fmt_float(stats.lossless_rate, '{:.1%}')}"
-        + (f"  ({job.lossless_matches}/{job.lossless_checked} items)" if job.lossless_checked else ""),
+        f"lossless rate:           {_lossless(job, stats)}",
         *_proposers(stats),
     ]
 

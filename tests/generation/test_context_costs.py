@@ -61,5 +61,7 @@ def test_a_measurement_times_both_lengths_within_the_models_context(tiny_pair: t
     target = load_model(str(tiny_pair[0]))
     model = cost_timing.quick_prior(target, None, batches=[1, 2], max_query=3)
     assert model.long is not None and model.long.batch_sizes == model.batch_sizes
+    # the prior's long grid times the ends of q only (linear between): a cold worker's first job pays less
+    assert (model.query_lengths, model.long.query_lengths) == ([1, 2, 3], [1, 3])
     limit = target.config.max_position_embeddings
     assert 2 * model.context <= model.long.context <= min(cost_timing.LONG_CONTEXT, limit - 4)

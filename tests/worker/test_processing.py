@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from genjob.cli import main
 from genjob.db import session_scope
 from genjob.stats import by_rows
-from genjob.tables import Job, Result
+from genjob.tables import Item, Job, Result
 from tests.support.models import build_model, build_tokenizer
 from tests.support.prompts import write_jsonl
 
@@ -50,7 +50,7 @@ def test_job_aggregates_are_the_sums_of_its_items(embedded_env: str, tiny_pair, 
             job.draft_accepted,
             job.draft_rejections,
         ) == tuple(sums[:5])
-        assert job.lossless_checked == sums[5] == 3  # items 0, 2, 4 also decoded without drafts
+        assert job.lossless_checked == sums[5] == 3  # items 1, 3, 5 also decoded without drafts
         assert job.lossless_matches == 3  # greedy fp32: lossless
         assert job.probe_rounds > 0 and job.probe_tokens > 0 and job.busy_seconds > job.decode_seconds > 0
         assert job.decode_tokens > job.new_tokens - len(PROMPTS)  # and the twins' tokens, but prefills'
@@ -94,6 +94,26 @@ def test_prompt_lookup_job(embedded_env: str, tiny_pair, tmp_path: Path) -> None
         assert job.lossless_checked == job.lossless_matches == len(PROMPTS)
 
 
+def test_the_lossless_check_costs_a_short_job_at_most_its_fraction(
+    embedded_env: str, tiny_pair, tmp_path: Path
+) -> None:
+    """1 item in 1/F is checked, the last of each run: a 6-item job at F = 0.25 has its item 3 checked
+    (not its first as well), and at the default F = 0.05 none, which `genjob stats` says."""
+    target, _ = tiny_pair
+    quarter = submit(tmp_path, "-m", str(target), "--mode", "prompt-lookup", "--baseline-fraction", "0.25")
+    default = submit(tmp_path, "-m", str(target), "--mode", "prompt-lookup")
+    with session_scope(embedded_env) as session:
+        checked = session.scalars(
+            select(Item.seq)
+            .join(Result, Result.item_id == Item.id)
+            .where(Result.job_id == quarter, Result.lossless_match.is_not(None))
+        ).all()
+        assert checked == [3]
+        assert session.get_one(Job, default).lossless_checked == 0
+    lines = CliRunner().invoke(main, ["stats", default]).output.splitlines()
+    assert "lossless rate:           -  (no item checked: 1 in 20 is, and the job has 6)" in lines
+
+
 def test_auto_job_counts_what_each_proposer_drafted(embedded_env: str, tiny_pair, tmp_path: Path) -> None:
     """Mode auto with the job's draft: rows draft from prompt lookup, the job's suffix cache or the
     draft model; per item and per job the counts add up, `genjob stats` shows them, rows stay lossless."""
@@ -103,7 +123,7 @@ def test_auto_job_counts_what_each_proposer_drafted(embedded_env: str, tiny_pair
     with session_scope(embedded_env) as session:
         job = session.get_one(Job, job_id)
         assert job.status == "completed" and job.mode == "auto"
-        assert job.lossless_checked == job.lossless_matches == 3  # items 0, 2, 4 decoded plainly too
+        assert job.lossless_checked == job.lossless_matches == 3  # items 1, 3, 5 decoded plainly too
         rows = session.scalars(select(Result).where(Result.job_id == job_id)).all()
         summed: dict[str, int] = {}
         for row in rows:
