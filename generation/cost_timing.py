@@ -70,7 +70,9 @@ def quick_prior(
     """The cheap prior for ``batches`` (the job's and B = 1): q in ``PRIOR_QUERIES`` ≤ max_query and
     max_query, the faster of two forwards each after a warm-up; at the long cache q = 1 and max_query
     only, one forward each after a warm-up (the long grid says how a round grows with the cached length,
-    linear between its two points; timing it whole doubled what a cold worker's first job paid)."""
+    linear between its two points; timing it whole doubled what a cold worker's first job paid). A
+    prior of q = 1 alone (the worker's batch-size probe, up to B = 64) times no long grid: it prices
+    no drafts, and timing B = 64 at the long cache doubled a cold worker's start."""
     queries = sorted({q for q in PRIOR_QUERIES if q <= max_query} | {max_query})
     return measure(
         target,
@@ -80,6 +82,7 @@ def quick_prior(
         passes=1,
         repeats=2,
         drop_slow=False,
+        long=max_query > 1,
         long_queries=sorted({1, max_query}),
     )
 

@@ -13,8 +13,7 @@ scripts/bootstrap.sh
 unset GENJOB_BROKER_URL GENJOB_DATABASE_URL
 genjob=.venv/bin/genjob
 submit() {
-  $genjob submit "examples/$1.jsonl" --input-format openai --model smollm2 \
-    --baseline-fraction 0.25 --name "demo-$1" --wait
+  $genjob submit "examples/$1.jsonl" --input-format openai --model smollm2 --name "demo-$1" --wait
 }
 echo "==> the grounded job: examples/rewrite.jsonl (the first run converts the model once, ~20 s)" >&2
 grounded=$(submit rewrite)

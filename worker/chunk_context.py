@@ -33,7 +33,7 @@ class Runner(Protocol):
     spec: JobSpec
     engine: Engine
     batch_size: int  # rows per batch on this worker
-    setup_extra_s: float  # seconds spent measuring costs for speculation, not yet charged to the job
+    setup_extra_s: float  # seconds spent on speculation alone (draft loading, costs), not yet charged
 
     def request(self, item: ClaimedItem, *, key: int | None = None, plain: bool = False) -> Request: ...
 

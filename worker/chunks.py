@@ -65,8 +65,8 @@ def measurements(
     setup_extra_s: float = 0.0,
     proposer_counts: dict[str, int] | None = None,
 ) -> store.ChunkMeasurements:
-    """A chunk's sums for the job. ``setup_extra_s`` (measuring costs for speculation beyond what plain
-    decoding measures) counts as decoding time: plain decoding would not have spent it."""
+    """A chunk's sums for the job. ``setup_extra_s`` (loading the draft model and measuring costs: what
+    only speculation spends) counts as decoding time: plain decoding would not have spent it."""
     return store.ChunkMeasurements(
         busy_seconds=busy_seconds,
         decode_rounds=stats.rounds,

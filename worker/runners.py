@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from threading import Lock
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -64,7 +64,7 @@ def calibrate(spec: JobSpec, *, settings: Settings) -> tuple[CostModel, int, int
     """``genjob calibrate``: the thorough grid for the job's models (``load_job_models``: the ones its
     runner loads) up to its batch size (or the one the device suggests) and draft length, kept for
     the jobs that follow: (costs, batch, k_max)."""
-    target, draft = load_job_models(spec, settings)
+    target, draft, _ = load_job_models(spec, settings)
     k_max = _k_max(spec)
     batch = _rows_per_batch(spec, settings)
     path = cost_file(settings.cost_cache_dir, target, draft)
@@ -76,7 +76,13 @@ def job_draft(spec: JobSpec) -> str | None:
     return spec.assistant if spec.mode in (DecodingMode.DRAFT, DecodingMode.AUTO) else None
 
 
-def load_job_models(spec: JobSpec, settings: Settings) -> tuple[PreTrainedModel, PreTrainedModel | None]:
+class JobModels(NamedTuple):
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    draft_seconds: float  # what checking and loading the draft took here (plain decoding loads none)
+
+
+def load_job_models(spec: JobSpec, settings: Settings) -> JobModels:
     """The models a job runs (its target, and its draft: ``job_draft``), loaded as the workers load
     them: the one decision both ``JobRunner.build`` and ``calibrate`` take, so that the costs
     calibrate keeps are the ones the job's runner reads."""
@@ -84,9 +90,11 @@ def load_job_models(spec: JobSpec, settings: Settings) -> tuple[PreTrainedModel,
     target = load_model(spec.model, device, dtype, cache_dir=models)
     draft = job_draft(spec)
     if draft is None:
-        return target, None
+        return JobModels(target, None, 0.0)
+    started = time.perf_counter()
     check_same_vocabulary(spec.model, draft, cache_dir=models)
-    return target, load_model(draft, device, dtype, cache_dir=models)
+    loaded = load_model(draft, device, dtype, cache_dir=models)
+    return JobModels(target, loaded, time.perf_counter() - started)
 
 
 def _k_max(spec: JobSpec) -> int:
@@ -136,8 +144,9 @@ class JobRunner:
     eos_ids: frozenset[int]
     context: int | None
     batch_size: int  # rows per batch on this worker (the engine halves it for a while after an OOM)
-    # Seconds this worker spent measuring costs for speculation (plain decoding measures none):
-    # charged once to the job's speculative side, so its measured speedup stays honest for short jobs.
+    # Seconds this worker spent on speculation alone (loading the draft model, measuring costs: plain
+    # decoding does neither): charged once to the job's speculative side, so its measured speedup stays
+    # honest for short jobs.
     setup_extra_s: float = 0.0
     cost_path: Path | None = None  # where the engine's costs are kept (``keep_costs``)
 
@@ -165,7 +174,7 @@ class JobRunner:
     def build(cls, spec: JobSpec, *, settings: Settings) -> JobRunner:
         """Load the job's models (cached by name) and make its engine."""
         device, dtype, models = settings.device, settings.dtype, settings.model_cache_dir
-        target, draft_model = load_job_models(spec, settings)
+        target, draft_model, draft_seconds = load_job_models(spec, settings)
         draft = job_draft(spec)
         proposer: Proposer | None = DraftModel(draft_model) if draft_model is not None else None
         if spec.mode is DecodingMode.PROMPT_LOOKUP:
@@ -178,14 +187,14 @@ class JobRunner:
         gamma, k_max = _draft_length(spec), _k_max(spec)
         batch = _rows_per_batch(spec, settings)
         probe_every = spec.baseline_every if proposer is not None else 0
-        costs, path, extra = None, None, 0.0
+        costs, path, extra = None, None, draft_seconds
         if proposer is not None:
             misses = measured_costs.cache_info().misses
             costs, path = measured_costs(
                 spec.model, draft, device, dtype, (1, batch), k_max + 1, settings.cost_cache_dir, models
             )
             fresh = measured_costs.cache_info().misses > misses  # (measure_seconds is 0 when read)
-            extra = costs.measure_seconds if fresh else 0.0
+            extra += costs.measure_seconds if fresh else 0.0
         engine = Engine(
             target,
             proposer,

@@ -65,3 +65,9 @@ def test_a_measurement_times_both_lengths_within_the_models_context(tiny_pair: t
     assert (model.query_lengths, model.long.query_lengths) == ([1, 2, 3], [1, 3])
     limit = target.config.max_position_embeddings
     assert 2 * model.context <= model.long.context <= min(cost_timing.LONG_CONTEXT, limit - 4)
+
+
+def test_the_batch_size_probe_times_no_long_grid(tiny_pair: tuple[Path, Path]) -> None:
+    """A prior of one-token steps alone (the worker's probe of B = 1 … 64) prices no drafts."""
+    target = load_model(str(tiny_pair[0]))
+    assert cost_timing.quick_prior(target, None, batches=[1, 2, 4], max_query=1).long is None
