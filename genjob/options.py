@@ -165,3 +165,16 @@ class JobSpec(DecodingOptions):
     @property
     def do_sample(self) -> bool:
         return self.temperature > 0
+
+    @property
+    def lossless_every(self) -> int:
+        """The lossless check samples one item in this many (0: none, in plain or sampled jobs): the last
+        of each run of ``baseline_every`` (seq 1/F − 1, 2/F − 1, …), so it costs a job at most F of its
+        items whatever its size, and a job of fewer has none checked (checking its first always cost an
+        8-item job an eighth more decoding, and a twin, plain, is its batch's last row to finish)."""
+        return 0 if self.mode is DecodingMode.NONE or self.do_sample else self.baseline_every
+
+    def is_lossless_sample(self, seq: int) -> bool:
+        """Whether the item at ``seq`` is also decoded without drafts, to check the job's output."""
+        every = self.lossless_every
+        return every > 0 and (seq + 1) % every == 0

@@ -240,14 +240,8 @@ class JobRunner:
             self.engine.proposer.add_output(done.token_ids)
 
     def is_lossless_sample(self, seq: int) -> bool:
-        """Greedy speculative jobs decode every 1/F-th item again without drafts: the last of each run of
-        1/F items (seq 1/F − 1, 2/F − 1, …), so the check costs a job at most F of its items whatever its
-        size. A job of fewer than 1/F items has none checked (checking its first always cost an 8-item
-        job an eighth more decoding, and a twin, plain, is its batch's last row to finish)."""
-        spec = self.spec
-        if spec.mode is DecodingMode.NONE or spec.do_sample or spec.baseline_fraction <= 0:
-            return False
-        return (seq + 1) % spec.baseline_every == 0
+        """Greedy speculative jobs decode 1 item in 1/F again without drafts (``JobSpec.lossless_every``)."""
+        return self.spec.is_lossless_sample(seq)
 
     def text(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))

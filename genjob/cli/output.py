@@ -102,15 +102,18 @@ def _measured(job: Job, stats: JobStats) -> str:
 
 
 def _lossless(job: Job, stats: JobStats) -> str:
-    """The rate and its items; where a greedy speculative job checked none, why (1 item in 1/F is)."""
+    """The rate and its items; where a job too short for its sampling checked none, why."""
+    rate = fmt_float(stats.lossless_rate, "{:.1%}")
     if job.lossless_checked:
-        return f"{stats.lossless_rate:.1%}  ({job.lossless_matches}/{job.lossless_checked} items)"
-    spec = job.spec or {}
-    fraction = float(spec.get("baseline_fraction") or 0.0)
-    every = round(1 / fraction) if fraction else 0
-    if job.mode == DecodingMode.NONE or spec.get("temperature") or not 0 < job.total < every:
-        return "-"
-    return f"-  (no item checked: 1 in {every} is, and the job has {job.total})"
+        return f"{rate}  ({job.lossless_matches}/{job.lossless_checked} items)"
+    if job.mode == DecodingMode.NONE:  # nothing to check
+        return rate
+    from genjob.options import JobSpec  # pydantic, on first use: reading jobs loads no option schema
+
+    every = JobSpec.model_validate(job.spec).lossless_every
+    if not 0 < job.total < every:
+        return rate
+    return f"{rate}  (no item checked: 1 in {every} is, and the job has {job.total})"
 
 
 def _costs(job: Job) -> str:
